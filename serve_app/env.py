@@ -1,0 +1,16 @@
+"""The one module that reads environment variables."""
+
+from __future__ import annotations
+
+import os
+
+HA_PROXY_VAR = "RAY_SERVE_ENABLE_HA_PROXY"
+
+
+def ha_proxy_enabled() -> bool:
+    """Whether Ray Serve's HAProxy ingress is switched on in this process's environment."""
+    return os.environ.get(HA_PROXY_VAR, "0") == "1"
+
+
+def get(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(name, default)

@@ -1,0 +1,75 @@
+"""A small exception hierarchy; the HTTP edge turns it into JSON errors without tracebacks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ServeAppError(Exception):
+    """Base class for errors serve_app raises on purpose."""
+
+    status_code: int = 500
+    error_type: str = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code or self.error_type
+
+    def to_json(self) -> dict[str, Any]:
+        """The OpenAI-style error body: ``{"error": {"message", "type", "param", "code"}}``."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class ConfigError(ServeAppError):
+    """A configuration value is wrong; the message names the field and the fix."""
+
+    error_type = "config_error"
+
+
+class StartupError(ServeAppError):
+    """A replica cannot start (for example, not enough free GPU memory for its budget)."""
+
+    error_type = "startup_error"
+
+
+class BadRequest(ServeAppError):
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class NotFound(ServeAppError):
+    status_code = 404
+    error_type = "not_found_error"
+
+
+class PayloadTooLarge(ServeAppError):
+    status_code = 413
+    error_type = "payload_too_large"
+
+
+class UnsupportedMediaType(ServeAppError):
+    status_code = 415
+    error_type = "unsupported_media_type"
+
+
+class InsufficientMemory(ServeAppError):
+    """An item cannot fit in the replica's GPU memory budget even alone (HTTP 507)."""
+
+    status_code = 507
+    error_type = "insufficient_gpu_memory"
+
+
+class InferenceError(ServeAppError):
+    """The model failed on a request; the traceback goes to the log under ``error_id``."""
+
+    status_code = 500
+    error_type = "inference_error"

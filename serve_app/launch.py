@@ -1,0 +1,189 @@
+"""Start a local Ray, deploy a config, wait until it serves, and shut everything down cleanly.
+
+The CLI (`serve-app run`) is a thin shell over these functions; tests call them directly.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from serve_app import env
+from serve_app.config import check_deploy_config
+from serve_app.errors import ConfigError, StartupError
+
+logger = logging.getLogger("serve_app")
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+
+@dataclass
+class Deployment:
+    """What ``serve-app run`` started: the URL and the notes it printed."""
+
+    url: str
+    notes: list[str] = field(default_factory=list)
+    haproxy: bool = False
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def cpu_fallback(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """With no GPU, drop every deployment's GPU request so it runs on the CPU (said, not silent)."""
+    doc = copy.deepcopy(doc)
+    notes = []
+    for app in doc.get("applications", []):
+        for dep in app.get("deployments") or []:
+            opts = dep.get("ray_actor_options") or {}
+            if opts.get("num_gpus"):
+                notes.append(
+                    f"no GPU: deployment {app.get('name', 'default')}/{dep.get('name')} asks for "
+                    f"num_gpus={opts['num_gpus']}; running it on the CPU instead"
+                )
+                opts["num_gpus"] = 0
+    return doc, notes
+
+
+def http_address(doc: dict[str, Any]) -> tuple[str, int]:
+    opts = doc.get("http_options") or {}
+    return str(opts.get("host", DEFAULT_HOST)), int(opts.get("port", DEFAULT_PORT))
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def start_ray(num_gpus: int, haproxy: bool, num_cpus: int | None = None) -> None:
+    """A local Ray with every port on 127.0.0.1. Env vars are set first so that Serve's
+    controller and proxy processes inherit them."""
+    import ray
+
+    if haproxy:
+        os.environ[env.HA_PROXY_VAR] = "1"
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # HAProxy keeps a removed replica draining for 30 s by default; on one node its config
+    # reloads in well under a second, and a long drain makes Ctrl-C slow.
+    os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
+    # The headroom controller needs fresh replica stats (Ray's default push is every 10 s).
+    os.environ.setdefault("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "1")
+    ray.init(
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        include_dashboard=False,
+        _node_ip_address=DEFAULT_HOST,
+        namespace="serve_app",
+        log_to_driver=True,
+    )
+
+
+def deploy(doc: dict[str, Any]) -> None:
+    """Deploy a whole Serve config (what ``serve deploy`` does, without the dashboard)."""
+    from ray.serve._private import api as serve_api
+    from ray.serve.schema import ServeDeploySchema
+
+    config = ServeDeploySchema.model_validate(doc)
+    client = serve_api.serve_start(
+        http_options=config.http_options.model_dump(),
+        proxy_location=config.proxy_location,
+    )
+    client.deploy_apps(config, _blocking=False)
+
+
+def wait_ready(url: str, timeout_s: float) -> None:
+    """Poll ``/readyz`` until 200, or raise StartupError with Serve's own status."""
+    from ray import serve
+
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        for name, app in serve.status().applications.items():
+            if app.status == "DEPLOY_FAILED":
+                raise StartupError(f"application {name!r} failed to deploy:\n{app.message}")
+        try:
+            resp = httpx.get(f"{url}/readyz", timeout=5.0)
+            if resp.status_code == 200:
+                return
+            last = resp.text
+        except httpx.HTTPError as exc:
+            last = str(exc)
+        time.sleep(0.5)
+    raise StartupError(f"not ready after {timeout_s:.0f} s; last /readyz answer: {last[:500]}")
+
+
+def run(doc: dict[str, Any], *, haproxy: bool = True, ready_timeout_s: float = 300.0) -> Deployment:
+    """Validate, start Ray, deploy and wait. Raises ConfigError / StartupError."""
+    errors = check_deploy_config(doc)
+    if errors:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+    notes = []
+    gpus = gpu_count()
+    if gpus == 0:
+        doc, fallback = cpu_fallback(doc)
+        notes.append("No CUDA GPU found: serving on the CPU.")
+        notes.extend(fallback)
+    else:
+        notes.append(f"Serving on {gpus} GPU(s).")
+    host, port = http_address(doc)
+    doc.setdefault("http_options", {}).update({"host": host, "port": port})
+    if not port_is_free(host, port):
+        raise StartupError(
+            f"{host}:{port} is already in use (another server, or an HAProxy left by a killed "
+            "run: `pkill haproxy`); free it or set http_options.port in the config"
+        )
+    start_ray(gpus, haproxy)
+    deploy(doc)
+    url = f"http://{host}:{port}"
+    wait_ready(url, ready_timeout_s)
+    return Deployment(url=url, notes=notes, haproxy=haproxy)
+
+
+def haproxy_pids() -> list[int]:
+    import psutil
+
+    pids = []
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        name = proc.info.get("name") or ""
+        cmd = " ".join(proc.info.get("cmdline") or [])
+        if "haproxy" in name and "serve" in cmd:
+            pids.append(proc.pid)
+    return pids
+
+
+def shutdown() -> None:
+    """Stop Serve and Ray, then any HAProxy that Serve started and Ray left behind."""
+    import psutil
+    import ray
+    from ray import serve
+
+    before = set(haproxy_pids())
+    try:
+        if ray.is_initialized():
+            serve.shutdown()
+    finally:
+        ray.shutdown()
+    for pid in before:
+        try:
+            proc = psutil.Process(pid)
+            proc.terminate()
+            proc.wait(timeout=5)
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.TimeoutExpired:
+            proc.kill()

@@ -1,0 +1,234 @@
+"""A replica's share of its GPU: the start-up sequence that applies the cap, the cache policy
+between batches, and the figures the memory report shows.
+
+Start-up order matters: the CUDA context is created and measured *before* any weight touches
+the GPU, so that ``torch_fraction`` can be computed net of it (see memory.plan_budget).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from serve_app import nvml
+from serve_app.config import AppArgs
+from serve_app.errors import StartupError
+from serve_app.memory import (
+    GpuMemoryError,
+    MemoryBudget,
+    MemorySnapshot,
+    check_free_memory,
+    format_bytes,
+    plan_budget,
+    should_free_cache,
+)
+
+logger = logging.getLogger("serve_app")
+
+
+def resolve_device(requested: str) -> torch.device:
+    """``auto`` picks CUDA when this process can see a GPU; ``cuda`` without one is an error."""
+    has_cuda = torch.cuda.is_available()
+    if requested == "cuda" and not has_cuda:
+        raise StartupError(
+            "args.device is 'cuda' but this replica sees no CUDA device; give the deployment "
+            "ray_actor_options.num_gpus > 0 on a GPU node, or set device: auto or cpu"
+        )
+    if requested == "cpu" or not has_cuda:
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _nvml_value(result: Any) -> Any | None:
+    return None if isinstance(result, nvml.NvmlError) else result
+
+
+@dataclass
+class Partition:
+    """The device a replica runs on and, on a GPU, its budget and cap."""
+
+    device: torch.device
+    num_gpus: float
+    gpu_uuid: str | None = None
+    budget: MemoryBudget | None = None
+    overhead_source: str | None = None
+    cache_policy: str = "never"
+    cache_threshold_fraction: float = 0.0
+    cache_frees: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    @classmethod
+    def start(cls, args: AppArgs, num_gpus: float) -> Partition:
+        """Pick the device; on a GPU, measure the context, check free memory, apply the cap."""
+        device = resolve_device(args.device)
+        if device.type != "cuda":
+            logger.warning(
+                "serve_app replica on CPU (no CUDA device visible): no memory cap, no calibration"
+            )
+            return cls(device=device, num_gpus=num_gpus)
+        if num_gpus <= 0:
+            raise StartupError(
+                "this replica sees a GPU but Ray assigned it no GPU share; set "
+                "ray_actor_options.num_gpus (e.g. 0.25) for the deployment"
+            )
+        index = device.index or 0
+        uuid = nvml.uuid_for_torch_device(index)
+        if uuid is None:
+            raise StartupError(
+                f"cannot find CUDA device {index}'s UUID in NVML; serve_app identifies GPUs "
+                "by UUID to apply and report the memory cap (is the NVIDIA driver installed?)"
+            )
+        before = _nvml_value(nvml.device_memory(uuid))
+        torch.cuda.set_device(device)
+        torch.zeros(1, device=device)  # creates the CUDA context: the overhead we measure
+        torch.cuda.synchronize(device)
+        total_bytes = int(torch.cuda.get_device_properties(device).total_memory)
+        reserved = int(torch.cuda.memory_reserved(device))
+        proc = _nvml_value(nvml.process_used_bytes(os.getpid(), uuid))
+        after = _nvml_value(nvml.device_memory(uuid))
+        if proc is not None:
+            overhead, source = max(0, proc - reserved), "nvml_process"
+        elif before is not None and after is not None:
+            overhead, source = (
+                max(0, after.used_bytes - before.used_bytes - reserved),
+                ("nvml_device_delta"),
+            )
+            logger.warning(
+                "NVML does not list this process (PID namespace?); overhead measured as the "
+                "device's used-bytes change over context creation: %s",
+                format_bytes(overhead),
+            )
+        else:
+            raise StartupError(
+                "cannot measure this replica's CUDA context through NVML (is the NVIDIA "
+                "driver's libnvidia-ml available?); serve_app needs it to apply the memory cap"
+            )
+        try:
+            budget = plan_budget(num_gpus, total_bytes, overhead, args.memory.memory_fraction)
+            free_bytes, _ = torch.cuda.mem_get_info(device)
+            own = proc if proc is not None else overhead + reserved
+            check_free_memory(int(free_bytes), int(own), budget, uuid)
+        except GpuMemoryError as exc:
+            raise StartupError(str(exc)) from None
+        torch.cuda.set_per_process_memory_fraction(budget.torch_fraction, device)
+        logger.info(
+            "GPU %s: budget %s (num_gpus=%s x %s), CUDA context %s (%s), torch cap fraction %.4f",
+            uuid,
+            format_bytes(budget.budget_bytes),
+            num_gpus,
+            format_bytes(total_bytes),
+            format_bytes(overhead),
+            source,
+            budget.torch_fraction,
+        )
+        return cls(
+            device=device,
+            num_gpus=num_gpus,
+            gpu_uuid=uuid,
+            budget=budget,
+            overhead_source=source,
+            cache_policy=args.memory.cache_policy,
+            cache_threshold_fraction=args.memory.cache_threshold_fraction,
+        )
+
+    def free_cache(self) -> None:
+        if self.on_gpu:
+            with self._lock:
+                torch.cuda.empty_cache()
+                self.cache_frees += 1
+
+    def after_batch(self) -> bool:
+        """Give cached memory back by policy; True when it freed."""
+        if not self.on_gpu or self.budget is None:
+            return False
+        reserved = int(torch.cuda.memory_reserved(self.device))
+        allocated = int(torch.cuda.memory_allocated(self.device))
+        if should_free_cache(
+            self.cache_policy,  # type: ignore[arg-type]
+            reserved,
+            allocated,
+            self.budget.budget_bytes,
+            self.cache_threshold_fraction,
+        ):
+            self.free_cache()
+            return True
+        return False
+
+    def process_bytes(self) -> int | None:
+        if not self.on_gpu or self.gpu_uuid is None:
+            return None
+        return _nvml_value(nvml.process_used_bytes(os.getpid(), self.gpu_uuid))
+
+    def report(self) -> dict[str, Any]:
+        """The memory figures for ``GET /v1/memory`` (integer bytes)."""
+        proc = self.process_bytes()
+        snap = MemorySnapshot.measure(self.device, proc)
+        budget = self.budget
+        return {
+            "device": str(self.device),
+            "gpu_uuid": self.gpu_uuid,
+            "num_gpus": self.num_gpus,
+            "budget_bytes": budget.budget_bytes if budget else 0,
+            "cap_bytes": budget.cap_bytes if budget else 0,
+            "torch_fraction": budget.torch_fraction if budget else 0.0,
+            "allocated_bytes": snap.allocated_bytes,
+            "reserved_bytes": snap.reserved_bytes,
+            "peak_allocated_bytes": snap.peak_allocated_bytes,
+            "peak_reserved_bytes": snap.peak_reserved_bytes,
+            "non_torch_overhead_bytes": budget.overhead_bytes if budget else 0,
+            "overhead_source": self.overhead_source,
+            "nvml_process_bytes": proc,
+            "cache_policy": self.cache_policy,
+            "cache_frees": self.cache_frees,
+        }
+
+
+def calibrate_batch_size(adapter: Any, partition: Partition, max_batch_size: int) -> Any:
+    """Run worst-case batches of doubling size under the cap; the largest that fits wins.
+
+    The peak compared with the budget is NVML's view of the process: the caching allocator's
+    peak reserved bytes plus the non-torch overhead measured at start-up.
+    """
+    from serve_app.calibrate import find_max_batch
+    from serve_app.oom import is_torch_oom
+
+    assert partition.budget is not None
+    budget = partition.budget
+    device = partition.device
+
+    def probe(n: int) -> int | None:
+        partition.free_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        try:
+            adapter.predict(adapter.worst_case_items(n))
+            torch.cuda.synchronize(device)
+        except Exception as exc:  # noqa: BLE001 - only OOM is expected; others re-raise
+            if not is_torch_oom(exc):
+                raise
+            del exc  # drop the traceback: it pins the failed attempt's tensors
+            partition.free_cache()
+            return None
+        peak = int(torch.cuda.max_memory_reserved(device)) + budget.overhead_bytes
+        return peak
+
+    result = find_max_batch(probe, budget_bytes=budget.cap_bytes, max_batch_size=max_batch_size)
+    partition.free_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    logger.info(
+        "calibration: batch %d peaks at %s of a %s cap; next step %s -> %s",
+        result.batch_size,
+        format_bytes(result.peak_bytes),
+        format_bytes(budget.cap_bytes),
+        result.first_failure_size,
+        result.first_failure,
+    )
+    return result

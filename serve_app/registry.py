@@ -1,0 +1,40 @@
+"""A tiny named actor where every replica posts its latest report, so that any replica can
+answer ``GET /v1/memory`` for all of them (Serve has no broadcast to replicas)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ray
+
+NAME = "serve_app_registry"
+NAMESPACE = "serve_app"
+
+
+@ray.remote(num_cpus=0, max_concurrency=64)  # type: ignore[call-overload]
+class Registry:
+    def __init__(self) -> None:
+        self._reports: dict[str, tuple[float, dict[str, Any]]] = {}
+
+    def put(self, key: str, report: dict[str, Any]) -> None:
+        self._reports[key] = (time.monotonic(), report)
+
+    def remove(self, key: str) -> None:
+        self._reports.pop(key, None)
+
+    def all(self, max_age_s: float) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        for key in [k for k, (t, _) in self._reports.items() if now - t > max_age_s]:
+            del self._reports[key]
+        return [
+            r
+            for _, r in sorted(self._reports.values(), key=lambda tr: str(tr[1].get("replica_id")))
+        ]
+
+
+def get_registry() -> Any:
+    """The cluster's registry actor, created on first use."""
+    return Registry.options(  # type: ignore[attr-defined]
+        name=NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
+    ).remote()

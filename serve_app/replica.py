@@ -1,0 +1,324 @@
+"""The model deployment: it is the HTTP ingress itself (no extra DeploymentHandle hop), runs the
+adapter under its memory cap with dynamic batching, and reports its figures."""
+
+import asyncio
+import logging
+import os
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import ray
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from serve_app.adapters import make_adapter
+from serve_app.autoscale import replica_autoscaling_stats
+from serve_app.config import AppArgs, parse_args
+from serve_app.errors import (
+    BadRequest,
+    InferenceError,
+    InsufficientMemory,
+    NotFound,
+    PayloadTooLarge,
+    ServeAppError,
+)
+from serve_app.memory import format_bytes
+from serve_app.oom import ItemTooLarge, is_torch_oom, lowered_batch_cap, predict_with_oom_split
+from serve_app.partition import Partition, calibrate_batch_size
+from serve_app.registry import get_registry
+from serve_app.status import cluster_view
+
+logger = logging.getLogger("serve_app")
+CPU_DEFAULT_BATCH = 32
+REPORT_PERIOD_S = 1.0
+REPORT_MAX_AGE_S = 5.0
+
+api = FastAPI(
+    title="serve_app",
+    description="GPU-memory-partitioned inference on Ray Serve",
+    version="0.1.0",
+)
+
+
+def error_response(err: ServeAppError) -> JSONResponse:
+    return JSONResponse(err.to_json(), status_code=err.status_code)
+
+
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    err = ServeAppError(f"{request.method} {request.url.path}: {exc.detail}")
+    err.status_code = exc.status_code
+    err.error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    err.code = err.error_type
+    return error_response(err)
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The request body, refusing more than ``max_bytes`` before or while reading it."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            declared_bytes = int(declared)
+        except ValueError:
+            raise BadRequest(f"Content-Length {declared!r} is not an integer") from None
+        if declared_bytes > max_bytes:
+            raise PayloadTooLarge(
+                f"request body is {declared_bytes} bytes; at most {max_bytes} (args.max_body_bytes)"
+            )
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise PayloadTooLarge(f"request body exceeds {max_bytes} bytes (args.max_body_bytes)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _serve_ready() -> tuple[bool, dict[str, str]]:
+    status = serve.status()
+    detail: dict[str, str] = {}
+    ready = bool(status.applications)
+    for name, app in status.applications.items():
+        detail[name] = str(app.status.value)
+        if app.status != "RUNNING":
+            ready = False
+        for dep_name, dep in app.deployments.items():
+            detail[f"{name}/{dep_name}"] = str(dep.status.value)
+            if dep.status != "HEALTHY":
+                ready = False
+    return ready, detail
+
+
+@serve.deployment(name="model", max_ongoing_requests=512, health_check_period_s=10.0)
+@serve.ingress(api)
+class ModelServer:
+    """One model replica: decode, batch, predict under the cap, encode."""
+
+    def __init__(self, args: dict[str, Any] | AppArgs):
+        self.args = args if isinstance(args, AppArgs) else parse_args(args)
+        ctx = serve.get_replica_context()
+        self.replica_id = str(ctx.replica_id.unique_id) if ctx else f"local-{os.getpid()}"
+        assigned = ray.get_runtime_context().get_assigned_resources()
+        self.partition = Partition.start(self.args, float(assigned.get("GPU", 0.0)))
+        self.adapter = make_adapter(self.args)
+        self.adapter.setup(self.partition.device)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
+        self.calibration: Any = None
+        self.batch_cap = self._initial_batch_cap()
+        batcher: Any = self._batched
+        batcher.set_max_batch_size(self.batch_cap)
+        batcher.set_batch_wait_timeout_s(self.args.batch_wait_timeout_s)
+        self.oom_recoveries = 0
+        self.batches = 0
+        self.batched_items = 0
+        self.largest_batch = 0
+        self.started_at_s = time.time()
+        self._stop = threading.Event()
+        self._registry = get_registry()
+        threading.Thread(target=self._report_loop, name="report", daemon=True).start()
+        logger.info(
+            "replica %s ready: %s on %s, max batch %d",
+            self.replica_id,
+            self.args.model_name,
+            self.partition.device,
+            self.batch_cap,
+        )
+
+    def _initial_batch_cap(self) -> int:
+        configured = self.args.max_batch_size
+        if not self.partition.on_gpu:
+            logger.info("calibration skipped: the device is a CPU")
+            return configured or CPU_DEFAULT_BATCH
+        mem = self.args.memory
+        if not mem.calibrate:
+            logger.info("calibration off (memory.calibrate: false)")
+            return configured or CPU_DEFAULT_BATCH
+        limit = min(mem.calibration_max_batch_size, configured or mem.calibration_max_batch_size)
+        self.calibration = calibrate_batch_size(self.adapter, self.partition, limit)
+        return int(self.calibration.batch_size)
+
+    # ---- batching -------------------------------------------------------------------------
+
+    @serve.batch(max_batch_size=CPU_DEFAULT_BATCH, batch_wait_timeout_s=0.005)
+    async def _batched(self, items: list[Any]) -> list[Any]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._run_batch, items)
+
+    def _run_batch(self, items: list[Any]) -> list[Any]:
+        failed_sizes: list[int] = []
+
+        def on_oom(failed_batch_size: int) -> None:
+            self.oom_recoveries += 1
+            failed_sizes.append(failed_batch_size)
+            self.partition.free_cache()
+
+        outputs = predict_with_oom_split(
+            items, self.adapter.predict, is_oom=is_torch_oom, on_oom=on_oom
+        )
+        if failed_sizes and not any(isinstance(o, ItemTooLarge) for o in outputs):
+            # The batch, not one oversized item, was too big: lower the cap for next time.
+            # (An item too large on its own says nothing about the batch size, so the cap stays.)
+            self._lower_batch_cap(failed_sizes[0])
+        self.batches += 1
+        self.batched_items += len(items)
+        self.largest_batch = max(self.largest_batch, len(items))
+        self.partition.after_batch()
+        return outputs
+
+    def _lower_batch_cap(self, failed_batch_size: int) -> None:
+        new_cap = lowered_batch_cap(self.batch_cap, failed_batch_size)
+        if new_cap < self.batch_cap:
+            logger.warning(
+                "OOM on a batch of %d under the cap: batch cap %d -> %d",
+                failed_batch_size,
+                self.batch_cap,
+                new_cap,
+            )
+            self.batch_cap = new_cap
+            batcher: Any = self._batched
+            batcher.set_max_batch_size(new_cap)
+
+    # ---- HTTP -----------------------------------------------------------------------------
+
+    async def _infer(self, request: Request) -> JSONResponse:
+        try:
+            body = await read_body(request, self.args.max_body_bytes)
+            decoded = await asyncio.to_thread(
+                self.adapter.decode,
+                body,
+                request.headers.get("content-type", ""),
+                dict(request.query_params),
+            )
+            results = await asyncio.gather(*(self._batched(item) for item in decoded.items))
+            too_large = [r for r in results if isinstance(r, ItemTooLarge)]
+            if too_large:
+                budget = self.partition.budget
+                cap = format_bytes(budget.cap_bytes) if budget else "n/a"
+                first = too_large[0]
+                raise InsufficientMemory(
+                    f"input[{first.index}] does not fit in this replica's GPU memory budget "
+                    f"({cap}) even on its own; send a smaller input",
+                    param=f"input[{first.index}]",
+                )
+            return JSONResponse(self.adapter.encode(list(results), decoded))
+        except ServeAppError as err:
+            return error_response(err)
+        except Exception:  # noqa: BLE001 - the client gets an id, the log gets the traceback
+            error_id = uuid.uuid4().hex[:12]
+            logger.exception("inference failed (error id %s)", error_id)
+            return error_response(
+                InferenceError(f"inference failed; error id {error_id} (see the server log)")
+            )
+
+    @api.post("/v1/embeddings", summary="OpenAI-style embeddings")
+    async def embeddings(self, request: Request) -> JSONResponse:
+        return await self._route(request, "/v1/embeddings")
+
+    @api.post("/v1/classify", summary="Image classification (JPEG/PNG, raw or base64 JSON)")
+    async def classify(self, request: Request) -> JSONResponse:
+        return await self._route(request, "/v1/classify")
+
+    async def _route(self, request: Request, route: str) -> JSONResponse:
+        if self.adapter.route != route:
+            return error_response(
+                NotFound(
+                    f"{route} is not served here; this application serves "
+                    f"{self.adapter.route} for model {self.args.model_name!r}",
+                    code="route_not_served",
+                )
+            )
+        return await self._infer(request)
+
+    @api.get("/v1/models", summary="Models served")
+    async def models(self) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [self.adapter.describe()]})
+
+    @api.get("/healthz", summary="Liveness")
+    async def healthz(self) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    @api.get("/readyz", summary="Readiness: every replica of every application is running")
+    async def readyz(self) -> JSONResponse:
+        ready, detail = await asyncio.to_thread(_serve_ready)
+        return JSONResponse({"ready": ready, "detail": detail}, status_code=200 if ready else 503)
+
+    @api.get("/v1/memory", summary="Per-replica GPU memory figures (integer bytes)")
+    async def memory(self) -> JSONResponse:
+        self._publish()
+        reports = await self._registry.all.remote(REPORT_MAX_AGE_S)
+        gpus, controller, errors = await asyncio.to_thread(cluster_view, reports)
+        return JSONResponse(
+            {
+                "object": "memory_report",
+                "replicas": reports,
+                "gpus": gpus,
+                "controller": controller,
+                "errors": errors,
+            }
+        )
+
+    # ---- health and reporting -------------------------------------------------------------
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Memory figures for the headroom controller (see autoscale.HeadroomPolicy)."""
+        part = self.partition
+        budget = part.budget
+        peak = 0
+        if part.on_gpu and budget is not None:
+            peak = int(torch.cuda.max_memory_reserved(part.device)) + budget.overhead_bytes
+        return await replica_autoscaling_stats(
+            budget_bytes=budget.budget_bytes if budget else 0,
+            peak_bytes=peak,
+            gpu_uuid=part.gpu_uuid,
+            gpu_fraction=part.num_gpus if part.on_gpu else 0.0,
+            nvml_process_bytes=part.process_bytes(),
+        )
+
+    def check_health(self) -> None:
+        """A tiny GPU operation: a sticky CUDA error makes this raise, and Serve replaces us."""
+        if self.partition.on_gpu:
+            x = torch.ones(1, device=self.partition.device)
+            torch.cuda.synchronize(self.partition.device)
+            if float(x.add_(1).item()) != 2.0:
+                raise RuntimeError("GPU health check computed a wrong value")
+
+    def report(self) -> dict[str, Any]:
+        figures = self.partition.report()
+        calib = self.calibration
+        figures.update(
+            {
+                "replica_id": self.replica_id,
+                "app": self.args.model_name,
+                "pid": os.getpid(),
+                "node_id": ray.get_runtime_context().get_node_id(),
+                "calibrated_batch_size": calib.batch_size if calib else None,
+                "calibration_peak_bytes": calib.peak_bytes if calib else None,
+                "max_batch_size": self.batch_cap,
+                "oom_recoveries": self.oom_recoveries,
+                "batches": self.batches,
+                "batched_items": self.batched_items,
+                "largest_batch": self.largest_batch,
+                "reported_at_s": time.time(),
+            }
+        )
+        return figures
+
+    def _publish(self) -> None:
+        self._registry.put.remote(self.replica_id, self.report())
+
+    def _report_loop(self) -> None:
+        while not self._stop.wait(REPORT_PERIOD_S):
+            try:
+                self._publish()
+            except Exception:  # noqa: BLE001 - reporting must never take the replica down
+                logger.exception("memory report failed")
+
+    def __del__(self) -> None:
+        self._stop.set()

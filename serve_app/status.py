@@ -1,0 +1,101 @@
+"""Render ``GET /v1/memory`` as a table, like nvidia-smi's process list."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from serve_app.memory import format_bytes
+
+COLUMNS = [
+    ("REPLICA", "replica_id", 10),
+    ("APP", "app", 18),
+    ("PID", "pid", 8),
+    ("GPU", "gpu_uuid", 14),
+    ("BUDGET", "budget_bytes", 11),
+    ("FRAC", "torch_fraction", 6),
+    ("ALLOC", "allocated_bytes", 11),
+    ("RESERVED", "reserved_bytes", 11),
+    ("PEAK", "peak_reserved_bytes", 11),
+    ("OVERHEAD", "non_torch_overhead_bytes", 11),
+    ("NVML", "nvml_process_bytes", 11),
+    ("BATCH", "max_batch_size", 6),
+    ("OOMS", "oom_recoveries", 5),
+    ("FREES", "cache_frees", 6),
+]
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key.endswith("_bytes"):
+        return format_bytes(int(value)).replace(" GiB", "G")
+    if key == "torch_fraction":
+        return f"{float(value):.3f}"
+    if key == "gpu_uuid":
+        return str(value)[:14]
+    if key == "replica_id":
+        return str(value)[:10]
+    return str(value)
+
+
+def render_status(doc: dict[str, Any]) -> str:
+    """The replica table, then one line per GPU and the controller's last decisions."""
+    lines = [" ".join(title.ljust(width) for title, _, width in COLUMNS)]
+    for rep in doc.get("replicas", []):
+        lines.append(" ".join(_cell(key, rep.get(key)).ljust(width) for _, key, width in COLUMNS))
+    if not doc.get("replicas"):
+        lines.append("(no replica has reported yet)")
+    for gpu in doc.get("gpus", []) or []:
+        lines.append(
+            f"GPU {gpu.get('uuid')}: total {_cell('total_bytes', gpu.get('total_bytes'))}, "
+            f"free {_cell('free_bytes', gpu.get('free_bytes'))}, sum of budgets "
+            f"{_cell('budget_bytes', gpu.get('budgets_bytes'))}"
+        )
+    for name, d in (doc.get("controller") or {}).items():
+        lines.append(
+            f"controller {name}: {d.get('current_replicas')} -> {d.get('target_replicas')} "
+            f"({d.get('reason')}): {d.get('detail')}"
+        )
+    return "\n".join(lines)
+
+
+def cluster_view(
+    replicas: list[dict[str, Any]], timeout_s: float = 2.0
+) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
+    """Each GPU's total and free bytes (from the node monitors), the sum of the replicas'
+    budgets on it, and the controller's last decision per deployment."""
+    from serve_app.monitor import status_snapshot
+
+    try:
+        snap = status_snapshot(timeout_s)
+    except Exception as exc:  # noqa: BLE001 - the report still shows the replicas
+        return [], {}, [f"monitor unavailable: {exc}"]
+    budgets: dict[str, int] = {}
+    for rep in replicas:
+        if rep.get("gpu_uuid"):
+            budgets[rep["gpu_uuid"]] = budgets.get(rep["gpu_uuid"], 0) + int(rep["budget_bytes"])
+    gpus = [
+        {
+            "node_id": node.node_id,
+            "uuid": gpu.uuid,
+            "total_bytes": gpu.total_bytes,
+            "free_bytes": gpu.free_bytes,
+            "used_bytes": gpu.used_bytes,
+            "budgets_bytes": budgets.get(gpu.uuid, 0),
+            "sampled_at_s": gpu.timestamp_s,
+        }
+        for node in snap.nodes
+        for gpu in node.gpus
+    ]
+    controller = {
+        name: {
+            "target_replicas": d.target_replicas,
+            "current_replicas": d.current_replicas,
+            "direction": d.direction,
+            "reason": d.reason,
+            "detail": d.detail,
+            "timestamp_s": d.timestamp_s,
+        }
+        for name, d in snap.decisions.items()
+    }
+    return gpus, controller, list(snap.errors)
