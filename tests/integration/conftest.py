@@ -1,0 +1,96 @@
+"""One real local Ray Serve cluster per test session, on 127.0.0.1, with logical GPUs.
+
+Applications are deployed under their own route prefixes, so modules share the cluster.
+The HAProxy ingress is on, as in `serve-app run`. NVML is scripted (SERVE_APP_FAKE_NVML) for
+the controller tests only at the NVML boundary; everything else is real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+LOGICAL_GPUS = 1
+LOGICAL_CPUS = 8
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Cluster:
+    base_url: str
+    nvml_script: Path
+
+    def url(self, prefix: str, path: str) -> str:
+        return f"{self.base_url}{prefix.rstrip('/')}{path}"
+
+    def deploy(
+        self, name: str, route_prefix: str, args: dict[str, Any], **options: Any
+    ) -> str:
+        """Deploy a serve_app application and wait until it answers; returns its base URL."""
+        from ray import serve
+
+        from serve_app.config import parse_args
+        from serve_app.replica import ModelServer
+
+        app_args = parse_args(args).model_dump()
+        serve.run(
+            ModelServer.options(**options).bind(app_args),  # type: ignore[attr-defined]
+            name=name,
+            route_prefix=route_prefix,
+        )
+        base = f"{self.base_url}{route_prefix.rstrip('/')}"
+        wait_http(f"{base}/healthz", 120.0)
+        return base
+
+    def delete(self, name: str) -> None:
+        from ray import serve
+
+        serve.delete(name)
+
+
+def wait_http(url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            resp = httpx.get(url, timeout=5.0)
+            if resp.status_code == 200:
+                return
+            last = f"{resp.status_code} {resp.text[:200]}"
+        except httpx.HTTPError as exc:
+            last = str(exc)
+        time.sleep(0.3)
+    raise TimeoutError(f"{url} not answering 200 after {timeout_s} s: {last}")
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    from serve_app import launch
+
+    script = tmp_path_factory.mktemp("nvml") / "nvml-script.json"
+    script.write_text(json.dumps({"t0_unix_s": time.time(), "devices": {}, "steps": []}))
+    os.environ["SERVE_APP_FAKE_NVML"] = str(script)
+    os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
+    port = free_port()
+    launch.start_ray(num_gpus=LOGICAL_GPUS, haproxy=True, num_cpus=LOGICAL_CPUS)
+    from ray import serve
+
+    serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
+    try:
+        yield Cluster(base_url=f"http://127.0.0.1:{port}", nvml_script=script)
+    finally:
+        launch.shutdown()
