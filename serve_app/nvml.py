@@ -41,6 +41,7 @@ __all__ = [
     "device_memory",
     "format_uuid",
     "get_source",
+    "is_scripted",
     "process_used_bytes",
     "set_source",
     "uuid_for_torch_device",
@@ -410,6 +411,11 @@ def get_source() -> ReadingSource:
             script = env.get(FAKE_NVML_VAR)
             _source = ScriptedSource(script) if script else NvmlSource()
         return _source
+
+
+def is_scripted() -> bool:
+    """Whether readings in this process come from a ``ScriptedSource`` (tests, CPU machines)."""
+    return isinstance(get_source(), ScriptedSource)
 
 
 def device_memory(uuid: str) -> GpuMemory | NvmlError:

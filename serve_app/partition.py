@@ -3,6 +3,15 @@ between batches, and the figures the memory report shows.
 
 Start-up order matters: the CUDA context is created and measured *before* any weight touches
 the GPU, so that ``torch_fraction`` can be computed net of it (see memory.plan_budget).
+
+A replica is in one of three GPU modes (``Partition.gpu_mode``, shown in the memory report):
+
+- ``cuda``: a real GPU; budget, torch cap and calibration as above.
+- ``logical-scripted``: the model runs on the CPU, but Ray gave the replica a share of a *logical*
+  GPU and NVML readings come from a script (``SERVE_APP_FAKE_NVML``). The replica names its GPU
+  through the script and takes ``num_gpus x`` the scripted total as its budget (no overhead, no
+  torch cap: there is no CUDA), so the headroom controller runs end to end on a CPU machine.
+- ``cpu``: no GPU at all; no budget, no cap.
 """
 
 from __future__ import annotations
@@ -11,11 +20,11 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-from serve_app import nvml
+from serve_app import env, nvml
 from serve_app.config import AppArgs
 from serve_app.errors import StartupError
 from serve_app.memory import (
@@ -29,6 +38,8 @@ from serve_app.memory import (
 )
 
 logger = logging.getLogger("serve_app")
+
+GpuMode = Literal["cuda", "logical-scripted", "cpu"]
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -54,6 +65,7 @@ class Partition:
 
     device: torch.device
     num_gpus: float
+    gpu_mode: GpuMode = "cpu"
     gpu_uuid: str | None = None
     budget: MemoryBudget | None = None
     overhead_source: str | None = None
@@ -64,13 +76,24 @@ class Partition:
 
     @property
     def on_gpu(self) -> bool:
+        """Whether the model runs on a CUDA device (torch memory calls apply)."""
         return self.device.type == "cuda"
+
+    @property
+    def gpu_fraction(self) -> float:
+        """The GPU share to report to the headroom controller: ``num_gpus`` when this replica
+        holds a (real or logical-scripted) GPU share, else 0."""
+        return self.num_gpus if self.gpu_mode != "cpu" else 0.0
 
     @classmethod
     def start(cls, args: AppArgs, num_gpus: float) -> Partition:
         """Pick the device; on a GPU, measure the context, check free memory, apply the cap."""
         device = resolve_device(args.device)
         if device.type != "cuda":
+            if num_gpus > 0 and nvml.is_scripted():
+                logical = cls._start_logical(args, num_gpus, device)
+                if logical is not None:
+                    return logical
             logger.warning(
                 "serve_app replica on CPU (no CUDA device visible): no memory cap, no calibration"
             )
@@ -133,11 +156,56 @@ class Partition:
         return cls(
             device=device,
             num_gpus=num_gpus,
+            gpu_mode="cuda",
             gpu_uuid=uuid,
             budget=budget,
             overhead_source=source,
             cache_policy=args.memory.cache_policy,
             cache_threshold_fraction=args.memory.cache_threshold_fraction,
+        )
+
+    @classmethod
+    def _start_logical(
+        cls, args: AppArgs, num_gpus: float, device: torch.device
+    ) -> Partition | None:
+        """A CPU replica holding a logical GPU share under scripted NVML: name the GPU through
+        the script and budget ``num_gpus x`` its scripted total (overhead 0, no torch cap).
+
+        ``None`` (plain CPU mode) when the script has no device for this replica.
+        """
+        uuid = nvml.uuid_for_torch_device(0)
+        memory = nvml.device_memory(uuid) if uuid is not None else None
+        if uuid is None or isinstance(memory, nvml.NvmlError) or memory is None:
+            why = memory.message if isinstance(memory, nvml.NvmlError) else "no scripted device"
+            logger.warning(
+                "serve_app replica on CPU with a logical GPU share (num_gpus=%s) under scripted "
+                "NVML, but the script names no GPU for it (%s; CUDA_VISIBLE_DEVICES=%r): "
+                "running as a plain CPU replica",
+                num_gpus,
+                why,
+                env.get("CUDA_VISIBLE_DEVICES"),
+            )
+            return None
+        try:
+            budget = plan_budget(num_gpus, memory.total_bytes, 0, args.memory.memory_fraction)
+        except GpuMemoryError as exc:
+            raise StartupError(str(exc)) from None
+        logger.warning(
+            "serve_app replica on CPU with a LOGICAL GPU under scripted NVML (%s): GPU %s, "
+            "budget %s (num_gpus=%s x scripted total %s), no torch cap; for tests only",
+            nvml.FAKE_NVML_VAR,
+            uuid,
+            format_bytes(budget.budget_bytes),
+            num_gpus,
+            format_bytes(memory.total_bytes),
+        )
+        return cls(
+            device=device,
+            num_gpus=num_gpus,
+            gpu_mode="logical-scripted",
+            gpu_uuid=uuid,
+            budget=budget,
+            overhead_source="scripted",
         )
 
     def free_cache(self) -> None:
@@ -175,11 +243,13 @@ class Partition:
         budget = self.budget
         return {
             "device": str(self.device),
+            "gpu_mode": self.gpu_mode,
             "gpu_uuid": self.gpu_uuid,
             "num_gpus": self.num_gpus,
             "budget_bytes": budget.budget_bytes if budget else 0,
             "cap_bytes": budget.cap_bytes if budget else 0,
-            "torch_fraction": budget.torch_fraction if budget else 0.0,
+            # Only a real GPU has a torch cap; a logical-scripted budget is bookkeeping only.
+            "torch_fraction": budget.torch_fraction if budget and self.on_gpu else 0.0,
             "allocated_bytes": snap.allocated_bytes,
             "reserved_bytes": snap.reserved_bytes,
             "peak_allocated_bytes": snap.peak_allocated_bytes,

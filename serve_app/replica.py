@@ -7,6 +7,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -94,6 +95,21 @@ def _serve_ready() -> tuple[bool, dict[str, str]]:
             if dep.status != "HEALTHY":
                 ready = False
     return ready, detail
+
+
+async def guarded(work: Awaitable[JSONResponse]) -> JSONResponse:
+    """Await a request's work; our errors become their JSON status, anything else a 500 with an
+    error id (the traceback goes to the log only)."""
+    try:
+        return await work
+    except ServeAppError as err:
+        return error_response(err)
+    except Exception:  # noqa: BLE001 - the client gets an id, the log gets the traceback
+        error_id = uuid.uuid4().hex[:12]
+        logger.exception("inference failed (error id %s)", error_id)
+        return error_response(
+            InferenceError(f"inference failed; error id {error_id} (see the server log)")
+        )
 
 
 @serve.deployment(name="model", max_ongoing_requests=512, health_check_period_s=10.0)
@@ -188,34 +204,28 @@ class ModelServer:
     # ---- HTTP -----------------------------------------------------------------------------
 
     async def _infer(self, request: Request) -> JSONResponse:
-        try:
-            body = await read_body(request, self.args.max_body_bytes)
-            decoded = await asyncio.to_thread(
-                self.adapter.decode,
-                body,
-                request.headers.get("content-type", ""),
-                dict(request.query_params),
+        body = await read_body(request, self.args.max_body_bytes)
+        decoded = await asyncio.to_thread(
+            self.adapter.decode,
+            body,
+            request.headers.get("content-type", ""),
+            dict(request.query_params),
+        )
+        results = await asyncio.gather(*(self._batched(item) for item in decoded.items))
+        too_large = [r for r in results if isinstance(r, ItemTooLarge)]
+        if too_large:
+            budget = self.partition.budget
+            cap = format_bytes(budget.cap_bytes) if budget else "n/a"
+            first = too_large[0]
+            raise InsufficientMemory(
+                f"input[{first.index}] does not fit in this replica's GPU memory budget "
+                f"({cap}) even on its own; send a smaller input",
+                param=f"input[{first.index}]",
             )
-            results = await asyncio.gather(*(self._batched(item) for item in decoded.items))
-            too_large = [r for r in results if isinstance(r, ItemTooLarge)]
-            if too_large:
-                budget = self.partition.budget
-                cap = format_bytes(budget.cap_bytes) if budget else "n/a"
-                first = too_large[0]
-                raise InsufficientMemory(
-                    f"input[{first.index}] does not fit in this replica's GPU memory budget "
-                    f"({cap}) even on its own; send a smaller input",
-                    param=f"input[{first.index}]",
-                )
-            return JSONResponse(self.adapter.encode(list(results), decoded))
-        except ServeAppError as err:
-            return error_response(err)
-        except Exception:  # noqa: BLE001 - the client gets an id, the log gets the traceback
-            error_id = uuid.uuid4().hex[:12]
-            logger.exception("inference failed (error id %s)", error_id)
-            return error_response(
-                InferenceError(f"inference failed; error id {error_id} (see the server log)")
-            )
+        return JSONResponse(
+            self.adapter.encode(list(results), decoded),
+            headers={"x-serve-app-replica": self.replica_id},
+        )
 
     @api.post("/v1/embeddings", summary="OpenAI-style embeddings")
     async def embeddings(self, request: Request) -> JSONResponse:
@@ -234,7 +244,7 @@ class ModelServer:
                     code="route_not_served",
                 )
             )
-        return await self._infer(request)
+        return await guarded(self._infer(request))
 
     @api.get("/v1/models", summary="Models served")
     async def models(self) -> JSONResponse:

@@ -37,9 +37,7 @@ class Cluster:
     def url(self, prefix: str, path: str) -> str:
         return f"{self.base_url}{prefix.rstrip('/')}{path}"
 
-    def deploy(
-        self, name: str, route_prefix: str, args: dict[str, Any], **options: Any
-    ) -> str:
+    def deploy(self, name: str, route_prefix: str, args: dict[str, Any], **options: Any) -> str:
         """Deploy a serve_app application and wait until it answers; returns its base URL."""
         from ray import serve
 
@@ -85,6 +83,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     script.write_text(json.dumps({"t0_unix_s": time.time(), "devices": {}, "steps": []}))
     os.environ["SERVE_APP_FAKE_NVML"] = str(script)
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
+    # HAProxy's side ports are fixed by default; free ones let this suite run beside a server.
+    for var in (
+        "RAY_SERVE_HAPROXY_STATS_PORT",
+        "RAY_SERVE_HAPROXY_METRICS_PORT",
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
+    ):
+        os.environ[var] = str(free_port())
     port = free_port()
     launch.start_ray(num_gpus=LOGICAL_GPUS, haproxy=True, num_cpus=LOGICAL_CPUS)
     from ray import serve

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install serve_app with its test extras into .venv, then lint, type-check and run the tests.
+# This is the README's test command, and .ci/run calls exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -qq --disable-pip-version-check -e '.[test]'
+export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
+echo "== ruff"; .venv/bin/ruff check serve_app tests load_tests
+echo "== mypy"; .venv/bin/mypy serve_app
+echo "== pytest"
+set +e
+.venv/bin/python -m pytest -p no:cacheprovider "$@"
+code=$?
+set -e
+if [ "$code" -eq 5 ]; then
+  echo "pytest collected no tests: that is a failure" >&2
+  exit 1
+fi
+exit "$code"

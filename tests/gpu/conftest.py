@@ -1,0 +1,78 @@
+"""GPU tests: one real Ray Serve cluster per session on the GPU host, skipped without CUDA.
+
+Every test here is marked ``@pytest.mark.gpu``. Without a CUDA device (CI, a laptop) the whole
+directory is skipped at collection, before Ray starts. On the GPU host Ray declares every
+visible GPU, HAProxy ingress is on (as in ``serve-app run``), and everything listens on
+127.0.0.1.
+
+Fixtures:
+    gpu_base_url: the Serve HTTP base URL (``http://127.0.0.1:<port>``), session scoped.
+    results_dir: where tests write their JSON results (``$SERVE_APP_RESULTS_DIR``, default
+        ``docs/results``), created if missing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+RAY_CPUS = 16
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except Exception:  # noqa: BLE001 - no torch means no GPU tests
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device: GPU tests run on the GPU host")
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if here in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(skip)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def results_dir() -> Path:
+    path = Path(os.environ.get("SERVE_APP_RESULTS_DIR", "docs/results"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def gpu_base_url() -> Iterator[str]:
+    """Start Ray (all visible GPUs, 16 logical CPUs, HAProxy) and Serve; shut both down after."""
+    import torch
+    from ray import serve
+
+    from serve_app import launch
+
+    os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
+    port = free_port()
+    gpus = torch.cuda.device_count()
+    t0 = time.monotonic()
+    print(f"[gpu conftest] starting Ray with {gpus} GPU(s), {RAY_CPUS} CPUs, port {port}")
+    launch.start_ray(num_gpus=gpus, haproxy=True, num_cpus=RAY_CPUS)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
+        print(f"[gpu conftest] Ray + Serve up in {time.monotonic() - t0:.1f} s")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        print("[gpu conftest] shutting down Serve and Ray")
+        launch.shutdown()

@@ -1,0 +1,103 @@
+"""`serve-app run` as a user runs it: a subprocess, /readyz, one request, SIGINT, exit 0."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from tests.integration.conftest import free_port, wait_http
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
+    doc = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())
+    port = free_port()
+    doc["http_options"]["port"] = port
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(doc))
+    env = dict(os.environ)
+    env.pop("SERVE_APP_FAKE_NVML", None)
+    for var in (
+        "RAY_SERVE_HAPROXY_STATS_PORT",
+        "RAY_SERVE_HAPROXY_METRICS_PORT",
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
+    ):
+        env[var] = str(free_port())
+    log = (tmp_path / "run.log").open("w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "serve_app", "run", str(config)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=ROOT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/readyz", 240.0)
+        resp = httpx.post(f"{url}/v1/embeddings", json={"input": "hello"}, timeout=30.0)
+        assert resp.status_code == 200 and len(resp.json()["data"][0]["embedding"]) == 384
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=30)
+        assert code == 0, f"exit code {code}"
+        assert time.monotonic() - started < 30.0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.seek(0)
+        output = log.read()
+    assert "No CUDA GPU found: serving on the CPU." in output, output[-3000:]
+    assert f"serving at {url}" in output
+    # Nothing is left listening on the port: no orphaned HAProxy.
+    with httpx.Client() as client:
+        try:
+            client.get(f"{url}/healthz", timeout=2.0)
+            raise AssertionError("something still answers on the port after shutdown")
+        except httpx.HTTPError:
+            pass
+
+
+def test_check_reports_field_paths(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        yaml.safe_dump(
+            {
+                "applications": [
+                    {
+                        "name": "x",
+                        "import_path": "serve_app.app:build_app",
+                        "args": {"max_batch_size": 0, "memory": {"cache_policy": "sometimes"}},
+                    }
+                ]
+            }
+        )
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "serve_app", "check", str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert out.returncode == 2
+    assert "applications[0].args.max_batch_size" in out.stderr
+    assert "applications[0].args.memory.cache_policy" in out.stderr
+    assert "'always', 'threshold' or 'never'" in out.stderr
+    ok = subprocess.run(
+        [sys.executable, "-m", "serve_app", "check", "configs/default.yaml"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert ok.returncode == 0, ok.stderr

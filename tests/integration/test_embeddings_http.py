@@ -1,0 +1,166 @@
+"""The embeddings API over real HTTP on a real local Ray Serve cluster (HAProxy ingress)."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+
+MODEL = "all-MiniLM-L6-v2"
+ARGS = {
+    "adapter": "embeddings",
+    "max_batch_size": 16,
+    "batch_wait_timeout_s": 0.05,
+    "max_inputs_per_request": 8,
+    "max_body_bytes": 65536,
+}
+
+
+@pytest.fixture(scope="module")
+def emb(cluster) -> Iterator[str]:
+    base = cluster.deploy(
+        "emb", "/emb", ARGS, ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=256
+    )
+    yield base
+    cluster.delete("emb")
+
+
+def embed(base: str, inputs, **extra) -> httpx.Response:
+    return httpx.post(f"{base}/v1/embeddings", json={"input": inputs, "model": MODEL, **extra})
+
+
+def vectors(resp: httpx.Response) -> np.ndarray:
+    assert resp.status_code == 200, resp.text
+    data = sorted(resp.json()["data"], key=lambda d: d["index"])
+    return np.array([d["embedding"] for d in data], dtype=np.float32)
+
+
+def test_shape_and_unit_norm(emb: str) -> None:
+    resp = embed(emb, ["The cat sat on the mat.", "Hello there"])
+    body = resp.json()
+    assert body["object"] == "list" and body["model"] == MODEL
+    assert [d["index"] for d in body["data"]] == [0, 1]
+    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > 0
+    vecs = vectors(resp)
+    assert vecs.shape == (2, 384)
+    np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
+    assert resp.headers["x-serve-app-replica"]
+
+
+def test_paraphrase_closer_than_unrelated(emb: str) -> None:
+    a, b, c = vectors(
+        embed(
+            emb,
+            [
+                "A man is playing a guitar on stage.",
+                "Someone performs music with a guitar in front of an audience.",
+                "The quarterly tax report is due next Tuesday.",
+            ],
+        )
+    )
+    assert float(a @ b) > float(a @ c) + 0.3, (float(a @ b), float(a @ c))
+
+
+def test_batch_and_single_agree(emb: str) -> None:
+    texts = ["short", "a somewhat longer sentence about the weather today", "third one"]
+    batch = vectors(embed(emb, texts))
+    singles = np.stack([vectors(embed(emb, t))[0] for t in texts])
+    np.testing.assert_allclose(batch, singles, atol=1e-5)
+
+
+def test_base64_encoding_matches_float(emb: str) -> None:
+    floats = vectors(embed(emb, ["encode me"]))[0]
+    resp = embed(emb, ["encode me"], encoding_format="base64")
+    assert resp.status_code == 200
+    raw = base64.b64decode(resp.json()["data"][0]["embedding"])
+    np.testing.assert_allclose(np.frombuffer(raw, dtype="<f4"), floats, atol=1e-6)
+
+
+def test_openai_client(emb: str) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{emb}/v1", api_key="unused", max_retries=0)
+    out = client.embeddings.create(model=MODEL, input=["hello world", "goodbye"])
+    assert len(out.data) == 2 and len(out.data[0].embedding) == 384
+    expected = vectors(embed(emb, ["hello world"]))[0]
+    np.testing.assert_allclose(np.array(out.data[0].embedding), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("content", "status", "needle"),
+    [
+        (b'{"input": ', 400, "not valid JSON"),
+        (b"[1, 2]", 400, "JSON object"),
+        (b'{"model": "all-MiniLM-L6-v2"}', 400, "'input' is required"),
+        (b'{"input": 42}', 400, "string or a list of strings"),
+        (b'{"input": ["ok", 7]}', 400, "'input[1]' must be a string"),
+        (b'{"input": []}', 400, "must not be an empty list"),
+        (b'{"input": "x", "model": "gpt-4"}', 404, "'gpt-4' is not served here"),
+        (b'{"input": ["a","b","c","d","e","f","g","h","i"]}', 400, "at most 8 per request"),
+        (b'{"input": "x", "encoding_format": "int8"}', 400, "encoding_format"),
+    ],
+)
+def test_bad_input_gets_json_error(emb: str, content: bytes, status: int, needle: str) -> None:
+    resp = httpx.post(
+        f"{emb}/v1/embeddings", content=content, headers={"content-type": "application/json"}
+    )
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert needle in err["message"], err
+    assert err["type"]
+
+
+def test_too_long_input_is_400_not_truncated(emb: str) -> None:
+    resp = embed(emb, ["word " * 400])
+    assert resp.status_code == 400
+    err = resp.json()["error"]
+    assert err["code"] == "input_too_long" and "at most 256" in err["message"]
+
+
+def test_body_over_limit_is_413(emb: str) -> None:
+    resp = embed(emb, ["x" * 70000])
+    assert resp.status_code == 413
+    assert "args.max_body_bytes" in resp.json()["error"]["message"]
+
+
+def test_unknown_route_and_method(emb: str) -> None:
+    resp = httpx.get(f"{emb}/v1/nothing")
+    assert resp.status_code == 404 and "error" in resp.json()
+    resp = httpx.get(f"{emb}/v1/embeddings")
+    assert resp.status_code == 405 and "error" in resp.json()
+    resp = httpx.post(
+        f"{emb}/v1/classify", content=b"\xff\xd8", headers={"content-type": "image/jpeg"}
+    )
+    assert resp.status_code == 404
+    assert resp.json()["error"]["code"] == "route_not_served"
+
+
+def test_models_health_ready_openapi(emb: str) -> None:
+    models = httpx.get(f"{emb}/v1/models").json()
+    assert models["data"][0]["id"] == MODEL and models["data"][0]["dimensions"] == 384
+    assert httpx.get(f"{emb}/healthz").status_code == 200
+    ready = httpx.get(f"{emb}/readyz")
+    assert ready.status_code == 200 and ready.json()["ready"] is True
+    spec = httpx.get(f"{emb}/openapi.json").json()
+    assert "/v1/embeddings" in spec["paths"] and "/v1/memory" in spec["paths"]
+
+
+def test_concurrent_requests_are_batched(emb: str) -> None:
+    texts = [f"sentence number {i} about batching" for i in range(100)]
+    with httpx.Client(timeout=60.0) as client, ThreadPoolExecutor(max_workers=50) as pool:
+        resps = list(
+            pool.map(
+                lambda t: client.post(f"{emb}/v1/embeddings", json={"input": t, "model": MODEL}),
+                texts,
+            )
+        )
+    assert [r.status_code for r in resps] == [200] * 100
+    report = httpx.get(f"{emb}/v1/memory").json()
+    mine = [r for r in report["replicas"] if r["app"] == MODEL]
+    assert mine and max(r["largest_batch"] for r in mine) > 1, mine
+    # Bad input never took the replica down: it still serves.
+    assert embed(emb, "still alive").status_code == 200

@@ -1,0 +1,433 @@
+"""serve_app.adapters.image and serve_app.adapters.resnet: decode, preprocess, weights, predict.
+
+No Ray. Small architectures (resnet18) and small images keep the file fast on two CPU cores.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from serve_app.adapters import image as image_mod
+from serve_app.adapters.image import MEAN, STD, ImageClassifierAdapter, build_model
+from serve_app.adapters.resnet import build_resnet
+from serve_app.config import parse_args
+from serve_app.errors import (
+    BadRequest,
+    ConfigError,
+    NotFound,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+)
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _builtin_resnet_and_pillow_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The built-in ResNet even where torchvision is installed (the GPU host), and Pillow's
+    # process-wide pixel limit restored after each test (the adapter sets it per decode).
+    monkeypatch.setattr(image_mod, "_torchvision", lambda: None)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", Image.MAX_IMAGE_PIXELS)
+
+
+def encode_image(fmt: str, size: tuple[int, int] = (64, 48), color: Any = (200, 30, 90)) -> bytes:
+    buf = io.BytesIO()
+    mode = "P" if fmt == "GIF" else "RGB"
+    Image.new(mode, size, color if mode == "RGB" else 3).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def b64(blob: bytes) -> str:
+    return base64.b64encode(blob).decode()
+
+
+def make_adapter(**args: Any) -> ImageClassifierAdapter:
+    base: dict[str, Any] = {
+        "adapter": "image-classification",
+        "arch": "resnet18",
+        "load_format": "dummy",
+        "image_size": 32,
+    }
+    base.update(args)
+    return ImageClassifierAdapter(parse_args(base))
+
+
+@pytest.fixture(scope="module")
+def ready_adapter() -> ImageClassifierAdapter:
+    adapter = make_adapter(top_k=3)
+    torch.manual_seed(0)
+    adapter.setup(CPU)
+    return adapter
+
+
+# ---- decode ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("fmt", "ctype"), [("JPEG", "image/jpeg"), ("PNG", "image/png")])
+def test_decode_raw_body(fmt: str, ctype: str) -> None:
+    adapter = make_adapter()
+    decoded = adapter.decode(encode_image(fmt), ctype, {})
+    assert len(decoded.items) == 1
+    assert decoded.items[0].shape == (3, 32, 32)
+    assert decoded.items[0].dtype == np.float32
+    assert decoded.meta["top_k"] == 5  # args.top_k default
+
+
+def test_decode_raw_body_content_type_parameters_and_case() -> None:
+    adapter = make_adapter()
+    decoded = adapter.decode(encode_image("PNG"), "Image/PNG; charset=binary", {})
+    assert len(decoded.items) == 1
+
+
+def test_decode_json_base64_single_and_list() -> None:
+    adapter = make_adapter()
+    single = adapter.decode(json.dumps({"input": b64(encode_image("PNG"))}).encode(), "", {})
+    assert len(single.items) == 1
+    blobs = [encode_image("JPEG", color=(255, 0, 0)), encode_image("PNG", color=(0, 0, 255))]
+    body = json.dumps({"input": [b64(b) for b in blobs]}).encode()
+    many = adapter.decode(body, "application/json", {})
+    assert len(many.items) == 2
+    # order kept: item 0 is red (channel 0 high), item 1 is blue (channel 2 high)
+    assert many.items[0][0].mean() > many.items[0][2].mean()
+    assert many.items[1][2].mean() > many.items[1][0].mean()
+
+
+def test_top_k_default_query_and_json() -> None:
+    adapter = make_adapter(top_k=4)
+    png = encode_image("PNG")
+    assert adapter.decode(png, "image/png", {}).meta["top_k"] == 4
+    assert adapter.decode(png, "image/png", {"top_k": "7"}).meta["top_k"] == 7
+    body = json.dumps({"input": b64(png), "top_k": 2}).encode()
+    assert adapter.decode(body, "application/json", {}).meta["top_k"] == 2
+
+
+@pytest.mark.parametrize("bad", [0, 1001, "abc", 2.5, True, None, [3]])
+def test_top_k_invalid_is_400(bad: Any) -> None:
+    adapter = make_adapter()
+    body = json.dumps({"input": b64(encode_image("PNG")), "top_k": bad}).encode()
+    with pytest.raises(BadRequest) as info:
+        adapter.decode(body, "application/json", {})
+    assert info.value.status_code == 400
+    assert info.value.param == "top_k"
+
+
+def test_top_k_invalid_in_query_is_400() -> None:
+    with pytest.raises(BadRequest, match="top_k"):
+        make_adapter().decode(encode_image("PNG"), "image/png", {"top_k": "-1"})
+
+
+def test_bad_base64_names_the_item() -> None:
+    adapter = make_adapter()
+    body = json.dumps({"input": [b64(encode_image("PNG")), "not base64 !!"]}).encode()
+    with pytest.raises(BadRequest) as info:
+        adapter.decode(body, "application/json", {})
+    assert info.value.status_code == 400
+    assert info.value.param == "input[1]"
+    assert "input[1]" in info.value.message and "base64" in info.value.message
+
+
+def test_non_image_bytes_are_400_raw_and_json() -> None:
+    adapter = make_adapter()
+    with pytest.raises(BadRequest) as raw:
+        adapter.decode(b"this is not an image at all", "image/jpeg", {})
+    assert raw.value.status_code == 400 and raw.value.param == "input[0]"
+    body = json.dumps({"input": [b64(encode_image("PNG")), b64(b"\x00" * 100)]}).encode()
+    with pytest.raises(BadRequest) as js:
+        adapter.decode(body, "application/json", {})
+    assert js.value.param == "input[1]"
+    assert "not a readable JPEG or PNG" in js.value.message
+
+
+def test_truncated_png_is_400() -> None:
+    png = encode_image("PNG", size=(200, 200))
+    with pytest.raises(BadRequest, match="input\\[0\\]"):
+        make_adapter().decode(png[: len(png) // 2], "image/png", {})
+
+
+def test_empty_raw_body_is_400() -> None:
+    with pytest.raises(BadRequest):
+        make_adapter().decode(b"", "image/png", {})
+
+
+@pytest.mark.parametrize("fmt", ["GIF", "BMP"])
+def test_other_image_formats_are_400(fmt: str) -> None:
+    adapter = make_adapter()
+    with pytest.raises(BadRequest) as info:
+        adapter.decode(encode_image(fmt), "image/png", {})
+    assert info.value.status_code == 400
+    assert fmt in info.value.message and "only JPEG and PNG" in info.value.message
+    body = json.dumps({"input": [b64(encode_image(fmt))]}).encode()
+    with pytest.raises(BadRequest, match=fmt):
+        adapter.decode(body, "application/json", {})
+
+
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
+@pytest.mark.parametrize("size", [(200, 100), (400, 100), (2000, 2000)])
+def test_image_over_max_pixels_is_413(size: tuple[int, int]) -> None:
+    # 20,000 px: over the limit (10,000); 40,000 and 4,000,000: over twice the limit, where
+    # Pillow itself refuses while reading the header.
+    adapter = make_adapter(max_image_pixels=10_000)
+    with pytest.raises(PayloadTooLarge) as info:
+        adapter.decode(encode_image("PNG", size=size), "image/png", {})
+    assert info.value.status_code == 413
+    assert info.value.param == "input[0]"
+    assert "max_image_pixels" in info.value.message
+
+
+def test_image_at_max_pixels_is_accepted() -> None:
+    adapter = make_adapter(max_image_pixels=10_000)
+    assert len(adapter.decode(encode_image("PNG", size=(100, 100)), "image/png", {}).items) == 1
+
+
+@pytest.mark.parametrize("ctype", ["text/plain", "image/gif", "multipart/form-data"])
+def test_unsupported_content_type_is_415(ctype: str) -> None:
+    with pytest.raises(UnsupportedMediaType) as info:
+        make_adapter().decode(encode_image("PNG"), ctype, {})
+    assert info.value.status_code == 415
+    assert ctype in info.value.message
+
+
+def test_unknown_model_is_404() -> None:
+    body = json.dumps({"model": "other-model", "input": b64(encode_image("PNG"))}).encode()
+    with pytest.raises(NotFound) as info:
+        make_adapter().decode(body, "application/json", {})
+    assert info.value.status_code == 404
+    assert "other-model" in info.value.message
+
+
+def test_model_name_defaults_to_arch_and_is_accepted() -> None:
+    body = json.dumps({"model": "resnet18", "input": b64(encode_image("PNG"))}).encode()
+    assert len(make_adapter().decode(body, "application/json", {}).items) == 1
+
+
+def test_too_many_inputs_is_400() -> None:
+    body = json.dumps({"input": [b64(encode_image("PNG"))] * 3}).encode()
+    with pytest.raises(BadRequest, match="max_inputs_per_request"):
+        make_adapter(max_inputs_per_request=2).decode(body, "application/json", {})
+
+
+# ---- preprocessing --------------------------------------------------------------------------
+
+
+def test_preprocess_shape_and_normalisation() -> None:
+    color = (255, 0, 128)
+    adapter = make_adapter(image_size=48)
+    (arr,) = adapter.decode(encode_image("PNG", size=(90, 70), color=color), "image/png", {}).items
+    assert arr.shape == (3, 48, 48)
+    expected = (np.array(color, dtype=np.float32) / 255.0 - MEAN) / STD
+    for c in range(3):
+        # a uniform lossless image stays uniform through resize and crop; float32 rounding only
+        np.testing.assert_allclose(arr[c], expected[c], atol=1e-5)
+
+
+def test_preprocess_centre_crop_of_a_wide_image() -> None:
+    # 448 x 224, left half black, right half white: the centred crop keeps both halves.
+    img = Image.new("RGB", (448, 224), (0, 0, 0))
+    img.paste((255, 255, 255), (224, 0, 448, 224))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    (arr,) = make_adapter(image_size=224).decode(buf.getvalue(), "image/png", {}).items
+    black, white = -MEAN / STD, (1 - MEAN) / STD
+    np.testing.assert_allclose(arr[:, :, 0], np.repeat(black[:, None], 224, 1), atol=1e-5)
+    np.testing.assert_allclose(arr[:, :, -1], np.repeat(white[:, None], 224, 1), atol=1e-5)
+    # the black/white edge lies at the crop's centre column, +-1 pixel for bilinear blending
+    edge = int(np.argmax(arr[0, 112] > 0))
+    assert 111 <= edge <= 113, edge
+
+
+def test_preprocess_of_an_extreme_aspect_ratio_stays_small() -> None:
+    # 4 x 20,000: resizing the whole strip first would make it 146 x 731,429 pixels.
+    adapter = make_adapter(image_size=32)
+    (arr,) = adapter.decode(encode_image("PNG", size=(4, 20_000)), "image/png", {}).items
+    assert arr.shape == (3, 32, 32)
+
+
+def test_preprocess_grayscale_and_rgba_png() -> None:
+    adapter = make_adapter()
+    for mode, color in (("L", 128), ("RGBA", (10, 20, 30, 40))):
+        buf = io.BytesIO()
+        Image.new(mode, (40, 40), color).save(buf, format="PNG")
+        (arr,) = adapter.decode(buf.getvalue(), "image/png", {}).items
+        assert arr.shape == (3, 32, 32)
+
+
+def test_worst_case_items_match_preprocessed_shape() -> None:
+    items = make_adapter(image_size=40).worst_case_items(3)
+    assert len(items) == 3 and all(x.shape == (3, 40, 40) for x in items)
+
+
+# ---- architecture and weights ---------------------------------------------------------------
+
+
+def test_builtin_resnet50_uses_torchvision_names_and_shapes() -> None:
+    state = build_resnet("resnet50").state_dict()
+    expected = {
+        "conv1.weight": (64, 3, 7, 7),
+        "bn1.running_mean": (64,),
+        "layer1.0.downsample.0.weight": (256, 64, 1, 1),
+        "layer1.0.downsample.1.num_batches_tracked": (),
+        "layer2.0.conv2.weight": (128, 128, 3, 3),
+        "layer3.5.bn3.weight": (1024,),
+        "layer4.2.conv2.weight": (512, 512, 3, 3),
+        "layer4.2.bn3.running_var": (2048,),
+        "fc.weight": (1000, 2048),
+        "fc.bias": (1000,),
+    }
+    for key, shape in expected.items():
+        assert key in state, key
+        assert tuple(state[key].shape) == shape, (key, tuple(state[key].shape))
+    # torchvision's resnet50: 320 state-dict entries, 25,557,032 parameters, stride in the 3x3
+    assert len(state) == 320
+    model = build_resnet("resnet50")
+    assert sum(p.numel() for p in model.parameters()) == 25_557_032
+    assert model.layer2[0].conv2.stride == (2, 2)
+    assert model.layer2[0].conv1.stride == (1, 1)
+
+
+def test_builtin_resnet18_parameter_count() -> None:
+    assert sum(p.numel() for p in build_resnet("resnet18").parameters()) == 11_689_512
+
+
+@pytest.mark.parametrize("arch", ["resnet18", "resnet50"])
+def test_builtin_matches_torchvision_exactly(arch: str) -> None:
+    tv = pytest.importorskip("torchvision")
+    ours = {k: tuple(v.shape) for k, v in build_resnet(arch).state_dict().items()}
+    theirs = {k: tuple(v.shape) for k, v in tv.models.get_model(arch).state_dict().items()}
+    assert ours == theirs
+
+
+def test_unknown_arch_without_torchvision_is_config_error() -> None:
+    with pytest.raises(ConfigError, match="args.arch"):
+        build_model("vit_b_16")
+
+
+def _random_state(arch: str) -> dict[str, torch.Tensor]:
+    torch.manual_seed(1234)
+    model = build_resnet(arch)
+    state = model.state_dict()
+    for key, value in state.items():
+        if key.endswith("running_mean"):
+            value.copy_(torch.randn_like(value) * 0.1)
+        elif key.endswith("running_var"):
+            value.copy_(torch.rand_like(value) + 0.5)
+    return state
+
+
+@pytest.fixture(scope="module")
+def weight_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from safetensors.torch import save_file
+
+    state = _random_state("resnet18")
+    root = tmp_path_factory.mktemp("weights")
+    st_path, pt_path, wrapped = root / "r18.safetensors", root / "r18.pt", root / "r18.pth"
+    save_file({k: v.contiguous() for k, v in state.items()}, str(st_path))
+    torch.save(state, str(pt_path))
+    torch.save({"state_dict": state, "epoch": 3}, str(wrapped))
+    return {"safetensors": st_path, "pt": pt_path, "wrapped": wrapped}
+
+
+def _loaded(path: Path, **args: Any) -> ImageClassifierAdapter:
+    adapter = make_adapter(load_format="auto", model_path=str(path), **args)
+    adapter.setup(CPU)
+    return adapter
+
+
+def test_safetensors_and_torch_save_give_identical_logits(weight_files: dict[str, Path]) -> None:
+    adapters = [_loaded(weight_files[k]) for k in ("safetensors", "pt", "wrapped")]
+    torch.manual_seed(0)
+    batch = torch.randn(2, 3, 32, 32)
+    with torch.inference_mode():
+        logits = [a.model(batch) for a in adapters]  # type: ignore[misc]
+    assert torch.equal(logits[0], logits[1])
+    assert torch.equal(logits[0], logits[2])
+    # and the weights are really the file's, not a fresh random init
+    expected = _random_state("resnet18")["fc.bias"]
+    assert torch.equal(adapters[0].model.state_dict()["fc.bias"], expected)  # type: ignore[union-attr]
+
+
+def test_mismatching_state_dict_is_config_error(weight_files: dict[str, Path]) -> None:
+    adapter = make_adapter(load_format="auto", model_path=str(weight_files["safetensors"]))
+    adapter.args.arch = "resnet34"  # resnet18 weights into a resnet34
+    with pytest.raises(ConfigError) as info:
+        adapter.setup(CPU)
+    assert "args.model_path" in info.value.message
+    assert "resnet34" in info.value.message
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pt"])
+def test_unreadable_weights_file_is_config_error(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / f"garbage{suffix}"
+    path.write_bytes(b"\x00not weights" * 10)
+    adapter = make_adapter(load_format="auto", model_path=str(path))
+    with pytest.raises(ConfigError, match="args.model_path"):
+        adapter.setup(CPU)
+
+
+def test_weights_file_without_a_state_dict_is_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "tensor.pt"
+    torch.save(torch.zeros(3), str(path))
+    with pytest.raises(ConfigError, match="not a state dict"):
+        _loaded(path)
+
+
+def test_model_path_required_unless_dummy(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="model_path"):
+        make_adapter(load_format="auto")
+    with pytest.raises(ConfigError, match="model_path"):
+        make_adapter(load_format="auto", model_path=str(tmp_path / "missing.safetensors"))
+    with pytest.raises(ConfigError, match="labels_path"):
+        make_adapter(labels_path=str(tmp_path / "missing.txt"))
+
+
+def test_dummy_works_without_model_path(ready_adapter: ImageClassifierAdapter) -> None:
+    assert ready_adapter.args.model_path is None
+    assert ready_adapter.model is not None
+    assert ready_adapter.describe()["load_format"] == "dummy"
+
+
+# ---- predict and encode ---------------------------------------------------------------------
+
+
+def test_predict_returns_probabilities(ready_adapter: ImageClassifierAdapter) -> None:
+    blobs = [encode_image("PNG", color=(i * 60, 20, 200 - i * 50)) for i in range(3)]
+    items = [ready_adapter.decode(b, "image/png", {}).items[0] for b in blobs]
+    outputs = ready_adapter.predict(items)
+    assert len(outputs) == 3
+    for scores, ids in outputs:
+        assert scores.shape == (1000,) and ids.shape == (1000,)
+        assert abs(float(scores.sum()) - 1.0) < 1e-4  # softmax in float32
+        assert np.all(np.diff(scores) <= 0)  # sorted, best first
+        assert sorted(ids.tolist()) == list(range(1000))
+
+
+def test_encode_top_k_and_labels(tmp_path: Path, weight_files: dict[str, Path]) -> None:
+    labels = tmp_path / "labels.txt"
+    labels.write_text("".join(f"label-{i}\n" for i in range(1000)))
+    adapter = _loaded(weight_files["safetensors"], labels_path=str(labels), top_k=3)
+    body = json.dumps({"input": [b64(encode_image("PNG"))] * 2, "top_k": 4}).encode()
+    decoded = adapter.decode(body, "application/json", {})
+    out = adapter.encode(adapter.predict(decoded.items), decoded)
+    assert out["object"] == "list" and out["model"] == "resnet18"
+    assert [d["index"] for d in out["data"]] == [0, 1]
+    for entry in out["data"]:
+        top = entry["top_k"]
+        assert len(top) == 4
+        assert all(t["label"] == f"label-{t['class_id']}" for t in top)
+        scores = [t["score"] for t in top]
+        assert scores == sorted(scores, reverse=True)
+    # without labels: class_<id>
+    plain = make_adapter(top_k=2)
+    plain.setup(CPU)
+    d = plain.decode(encode_image("PNG"), "image/png", {})
+    (entry,) = plain.encode(plain.predict(d.items), d)["data"]
+    assert len(entry["top_k"]) == 2
+    assert entry["top_k"][0]["label"] == f"class_{entry['top_k'][0]['class_id']}"

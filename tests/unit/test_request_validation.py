@@ -1,0 +1,113 @@
+"""Request decoding and validation for the embeddings adapter (no Ray, real tokenizer)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from serve_app.adapters.embeddings import SKELETON_DIR, EmbeddingAdapter
+from serve_app.adapters.jsonbody import check_model, parse_json_object, string_list
+from serve_app.config import parse_args
+from serve_app.errors import BadRequest, ConfigError, NotFound, ServeAppError
+
+
+@pytest.fixture(scope="module")
+def adapter() -> EmbeddingAdapter:
+    return EmbeddingAdapter(parse_args({"max_inputs_per_request": 4}))
+
+
+def body(doc: object) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def test_decode_counts_tokens(adapter: EmbeddingAdapter) -> None:
+    decoded = adapter.decode(body({"input": ["hello world", "hi"]}), "application/json", {})
+    assert decoded.items == [[101, 7592, 2088, 102], [101, 7632, 102]]
+    assert decoded.meta == {"format": "float", "tokens": 7}
+
+
+@pytest.mark.parametrize(
+    ("raw", "exc", "needle"),
+    [
+        (b"", BadRequest, "empty"),
+        (b"{", BadRequest, "not valid JSON"),
+        (b"\xff\xfe", BadRequest, "not valid JSON"),
+        (b'"text"', BadRequest, "JSON object"),
+        (body({"input": None}), BadRequest, "string or a list"),
+        (body({"input": []}), BadRequest, "empty list"),
+        (body({"input": ["a", {"b": 1}]}), BadRequest, "input[1]"),
+        (body({"input": ["a"] * 5}), BadRequest, "at most 4"),
+        (body({"input": "a", "model": 3}), BadRequest, "'model' must be a string"),
+        (body({"input": "a", "model": "other"}), NotFound, "GET /v1/models"),
+        (body({"input": "a", "dimensions": 128}), BadRequest, "dimensions"),
+        (body({"input": "word " * 300}), BadRequest, "at most 256"),
+    ],
+)
+def test_bad_requests(adapter: EmbeddingAdapter, raw: bytes, exc: type, needle: str) -> None:
+    with pytest.raises(exc) as info:
+        adapter.decode(raw, "application/json", {})
+    assert needle in info.value.message
+    assert info.value.to_json()["error"]["type"] == exc.error_type
+
+
+def test_status_codes() -> None:
+    assert BadRequest("x").status_code == 400 and NotFound("x").status_code == 404
+
+
+def test_predict_matches_sentence_transformers(adapter: EmbeddingAdapter) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    adapter.setup(__import__("torch").device("cpu"))
+    texts = ["The cat sat on the mat.", "A completely different sentence, longer than one."]
+    decoded = adapter.decode(body({"input": texts}), "application/json", {})
+    ours = np.stack(adapter.predict(decoded.items))
+    reference = SentenceTransformer(str(adapter.model_dir), device="cpu").encode(texts)
+    np.testing.assert_allclose(ours, reference, atol=1e-5)
+    out = adapter.encode(adapter.predict(decoded.items), decoded)
+    assert [d["index"] for d in out["data"]] == [0, 1]
+    assert out["usage"]["prompt_tokens"] == decoded.meta["tokens"]
+
+
+def test_dummy_load_format_uses_real_architecture() -> None:
+    dummy = EmbeddingAdapter(parse_args({"load_format": "dummy", "model_path": str(SKELETON_DIR)}))
+    dummy.setup(__import__("torch").device("cpu"))
+    assert dummy.dim == 384
+    vecs = dummy.predict(dummy.worst_case_items(2))
+    assert len(vecs) == 2 and vecs[0].shape == (384,)
+    assert len(dummy.worst_case_items(1)[0]) == dummy.max_tokens == 256
+
+
+def test_model_path_must_be_a_directory(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="args.model_path"):
+        EmbeddingAdapter(parse_args({"model_path": str(tmp_path / "missing")}))
+
+
+def test_jsonbody_helpers() -> None:
+    assert parse_json_object(b'{"a": 1}') == {"a": 1}
+    assert string_list({"input": "one"}, "input", 3) == (["one"], True)
+    check_model({"input": "x"}, "m")  # no model field: accepted
+
+
+def test_internal_failure_is_500_with_error_id(caplog: pytest.LogCaptureFixture) -> None:
+    from serve_app.replica import guarded
+
+    async def boom():
+        raise RuntimeError("secret internal detail")
+
+    async def bad():
+        raise BadRequest("nope")
+
+    with caplog.at_level(logging.ERROR, logger="serve_app"):
+        resp = asyncio.run(guarded(boom()))
+    doc = json.loads(resp.body)
+    assert resp.status_code == 500
+    assert doc["error"]["type"] == "inference_error" and "error id" in doc["error"]["message"]
+    assert "secret internal detail" not in resp.body.decode()
+    error_id = doc["error"]["message"].split("error id ")[1].split(" ")[0]
+    assert error_id in caplog.text and "secret internal detail" in caplog.text
+    assert asyncio.run(guarded(bad())).status_code == 400
+    assert issubclass(BadRequest, ServeAppError)
