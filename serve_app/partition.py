@@ -208,11 +208,14 @@ class Partition:
             overhead_source="scripted",
         )
 
-    def free_cache(self) -> None:
+    def free_cache(self, count: bool = True) -> None:
+        """Give cached blocks back to the device; ``count`` it as a cache free (calibration's
+        own frees are not counted)."""
         if self.on_gpu:
             with self._lock:
                 torch.cuda.empty_cache()
-                self.cache_frees += 1
+                if count:
+                    self.cache_frees += 1
 
     def after_batch(self) -> bool:
         """Give cached memory back by policy; True when it freed."""
@@ -276,7 +279,7 @@ def calibrate_batch_size(adapter: Any, partition: Partition, max_batch_size: int
     device = partition.device
 
     def probe(n: int) -> int | None:
-        partition.free_cache()
+        partition.free_cache(count=False)
         torch.cuda.reset_peak_memory_stats(device)
         try:
             adapter.predict(adapter.worst_case_items(n))
@@ -285,13 +288,13 @@ def calibrate_batch_size(adapter: Any, partition: Partition, max_batch_size: int
             if not is_torch_oom(exc):
                 raise
             del exc  # drop the traceback: it pins the failed attempt's tensors
-            partition.free_cache()
+            partition.free_cache(count=False)
             return None
         peak = int(torch.cuda.max_memory_reserved(device)) + budget.overhead_bytes
         return peak
 
     result = find_max_batch(probe, budget_bytes=budget.cap_bytes, max_batch_size=max_batch_size)
-    partition.free_cache()
+    partition.free_cache(count=False)
     torch.cuda.reset_peak_memory_stats(device)
     logger.info(
         "calibration: batch %d peaks at %s of a %s cap; next step %s -> %s",

@@ -30,6 +30,7 @@ from serve_app.errors import (
     ServeAppError,
 )
 from serve_app.memory import format_bytes
+from serve_app.monitor import get_or_create_monitor
 from serve_app.oom import ItemTooLarge, is_torch_oom, lowered_batch_cap, predict_with_oom_split
 from serve_app.partition import Partition, calibrate_batch_size
 from serve_app.registry import get_registry
@@ -138,6 +139,8 @@ class ModelServer:
         self.started_at_s = time.time()
         self._stop = threading.Event()
         self._registry = get_registry()
+        if self.partition.gpu_uuid is not None:
+            get_or_create_monitor()  # the node's NVML sampler, for the report's GPU totals
         threading.Thread(target=self._report_loop, name="report", daemon=True).start()
         logger.info(
             "replica %s ready: %s on %s, max batch %d",
@@ -310,6 +313,8 @@ class ModelServer:
                 "node_id": ray.get_runtime_context().get_node_id(),
                 "calibrated_batch_size": calib.batch_size if calib else None,
                 "calibration_peak_bytes": calib.peak_bytes if calib else None,
+                "calibration_next_size": calib.first_failure_size if calib else None,
+                "calibration_next_outcome": calib.first_failure if calib else None,
                 "max_batch_size": self.batch_cap,
                 "oom_recoveries": self.oom_recoveries,
                 "batches": self.batches,

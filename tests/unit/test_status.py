@@ -1,0 +1,97 @@
+"""``serve-app status`` rendering of a ``GET /v1/memory`` document (exact text)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from serve_app.status import render_status
+
+GIB = 1 << 30
+HEADER = (
+    "REPLICA    APP                PID      GPU            BUDGET      FRAC   ALLOC       "
+    "RESERVED    PEAK        OVERHEAD    NVML        BATCH  OOMS  FREES "
+)
+REPLICA = {
+    "replica_id": "abcdefghijkl",
+    "app": "all-MiniLM-L6-v2",
+    "pid": 4242,
+    "gpu_uuid": "GPU-c0ffee00-0000-4000-8000-000000000001",
+    "budget_bytes": 20 * GIB,
+    "torch_fraction": 0.2462,
+    "allocated_bytes": GIB // 2,
+    "reserved_bytes": GIB,
+    "peak_reserved_bytes": 3 * GIB // 2,
+    "non_torch_overhead_bytes": GIB // 4,
+    "nvml_process_bytes": None,
+    "max_batch_size": 32,
+    "oom_recoveries": 0,
+    "cache_frees": 3,
+}
+
+
+def test_no_replicas() -> None:
+    assert render_status({}) == HEADER + "\n(no replica has reported yet)"
+    assert render_status({"replicas": [], "gpus": None, "controller": None}) == (
+        HEADER + "\n(no replica has reported yet)"
+    )
+
+
+def test_replica_row_truncates_ids_formats_bytes_and_dashes_missing_values() -> None:
+    lines = render_status({"replicas": [REPLICA]}).split("\n")
+    assert lines == [
+        HEADER,
+        "abcdefghij all-MiniLM-L6-v2   4242     GPU-c0ffee00-0 20.00G      0.246  0.50G       "
+        "1.00G       1.50G       0.25G       -           32     0     3     ",
+    ]
+
+
+def test_cpu_replica_row() -> None:
+    cpu = {**REPLICA, "replica_id": "r1", "gpu_uuid": None, "budget_bytes": 0}
+    cpu.update(torch_fraction=0.0, allocated_bytes=0, reserved_bytes=0, peak_reserved_bytes=0)
+    cpu.update(non_torch_overhead_bytes=0, max_batch_size=4, cache_frees=0)
+    lines = render_status({"replicas": [cpu]}).split("\n")
+    assert lines[1] == (
+        "r1         all-MiniLM-L6-v2   4242     -              0.00G       0.000  0.00G       "
+        "0.00G       0.00G       0.00G       -           4      0     0     "
+    )
+
+
+def test_gpu_and_controller_lines() -> None:
+    doc: dict[str, Any] = {
+        "replicas": [REPLICA],
+        "gpus": [
+            {
+                "uuid": "GPU-c0ffee00-0000-4000-8000-000000000001",
+                "total_bytes": 80 * GIB,
+                "free_bytes": GIB,
+                "budgets_bytes": 40 * GIB,
+            },
+            {"uuid": "GPU-2", "total_bytes": None, "free_bytes": None, "budgets_bytes": 0},
+        ],
+        "controller": {
+            "controller/model": {
+                "target_replicas": 1,
+                "current_replicas": 2,
+                "direction": "down",
+                "reason": "shed_memory_pressure",
+                "detail": "gpu:4aaf9a0473a8 free 1.00 GiB < margin 2.00 GiB",
+                "timestamp_s": 1.0,
+            },
+            "other/model": {
+                "target_replicas": 3,
+                "current_replicas": 3,
+                "reason": "hold_bad_reading",
+                "detail": "gpu:4aaf9a0473a8: free 86973087744 > total 85899345920 bytes",
+            },
+        },
+    }
+    lines = render_status(doc).split("\n")
+    assert lines[2:] == [
+        "GPU GPU-c0ffee00-0000-4000-8000-000000000001: total 80.00G, free 1.00G, "
+        "sum of budgets 40.00G",
+        "GPU GPU-2: total -, free -, sum of budgets 0.00G",
+        "controller controller/model: 2 -> 1 (shed_memory_pressure): "
+        "gpu:4aaf9a0473a8 free 1.00 GiB < margin 2.00 GiB",
+        "controller other/model: 3 -> 3 (hold_bad_reading): "
+        "gpu:4aaf9a0473a8: free 86973087744 > total 85899345920 bytes",
+    ]
