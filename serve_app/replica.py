@@ -30,6 +30,7 @@ from serve_app.errors import (
     ServeAppError,
 )
 from serve_app.memory import format_bytes
+from serve_app.metrics import ReplicaMetrics
 from serve_app.monitor import get_or_create_monitor
 from serve_app.oom import ItemTooLarge, is_torch_oom, lowered_batch_cap, predict_with_oom_split
 from serve_app.partition import Partition, calibrate_batch_size
@@ -139,6 +140,7 @@ class ModelServer:
         self.started_at_s = time.time()
         self._stop = threading.Event()
         self._registry = get_registry()
+        self._metrics = ReplicaMetrics()
         if self.partition.gpu_uuid is not None:
             get_or_create_monitor()  # the node's NVML sampler, for the report's GPU totals
         threading.Thread(target=self._report_loop, name="report", daemon=True).start()
@@ -326,7 +328,9 @@ class ModelServer:
         return figures
 
     def _publish(self) -> None:
-        self._registry.put.remote(self.replica_id, self.report())
+        report = self.report()
+        self._metrics.update(report)
+        self._registry.put.remote(self.replica_id, report)
 
     def _report_loop(self) -> None:
         while not self._stop.wait(REPORT_PERIOD_S):

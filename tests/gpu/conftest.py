@@ -61,9 +61,20 @@ def gpu_base_url() -> Iterator[str]:
     import torch
     from ray import serve
 
-    from serve_app import launch
+    from serve_app import launch, nvml
 
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
+    # Real NVML here, even after the integration suite scripted it in this process.
+    if os.environ.pop(nvml.FAKE_NVML_VAR, None) is not None or nvml.is_scripted():
+        nvml.set_source(None)
+    # HAProxy's side ports are fixed by default; free ones survive a leftover server.
+    for var in (
+        "RAY_SERVE_HAPROXY_STATS_PORT",
+        "RAY_SERVE_HAPROXY_METRICS_PORT",
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
+    ):
+        os.environ[var] = str(free_port())
     port = free_port()
     gpus = torch.cuda.device_count()
     t0 = time.monotonic()

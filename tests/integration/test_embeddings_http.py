@@ -164,3 +164,24 @@ def test_concurrent_requests_are_batched(emb: str) -> None:
     assert mine and max(r["largest_batch"] for r in mine) > 1, mine
     # Bad input never took the replica down: it still serves.
     assert embed(emb, "still alive").status_code == 200
+
+
+def test_memory_figures_are_ray_metrics(emb: str) -> None:
+    import time
+
+    import ray
+
+    port = ray._private.worker.global_worker.node.metrics_export_port
+    deadline = time.monotonic() + 60.0
+    text = ""
+    while time.monotonic() < deadline:
+        try:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0).text
+        except httpx.HTTPError:
+            text = ""
+        if "serve_app_max_batch_size" in text and "serve_app_oom_recoveries" in text:
+            break
+        time.sleep(1.0)
+    lines = [ln for ln in text.splitlines() if ln.startswith("ray_serve_app_max_batch_size")]
+    assert lines, text[-2000:]
+    assert any(ln.rstrip().endswith(" 16.0") for ln in lines), lines

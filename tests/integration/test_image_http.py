@@ -138,7 +138,9 @@ def test_bad_image_is_400_json(image_app: dict[str, Any]) -> None:
 def test_gif_is_400_json(image_app: dict[str, Any]) -> None:
     buf = io.BytesIO()
     Image.new("P", (20, 20), 1).save(buf, format="GIF")
-    resp = classify(image_app["base"], content=buf.getvalue(), headers={"content-type": "image/png"})
+    resp = classify(
+        image_app["base"], content=buf.getvalue(), headers={"content-type": "image/png"}
+    )
     assert "GIF" in assert_json_error(resp, 400)["message"]
 
 

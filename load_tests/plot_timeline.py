@@ -1,0 +1,163 @@
+"""Plot a headroom-controller timeline (``controller_timeline.json``) to a PNG.
+
+The JSON is what ``tests/gpu/test_controller_gpu.py`` records once per second::
+
+    {
+      "schema_version": 1,
+      "margin_bytes": 2147483648,
+      "replica_gpus": ["GPU-..."],                       # GPUs the replicas ran on
+      "phases": [{"name": "load", "t_s": 0.0}, ...],    # when each phase began
+      "samples": [
+        {"t_s": 0.0, "replicas_running": 1, "replicas_total": 1, "controller_target": 1,
+         "controller_reason": "hold_in_band", "gpu_free_bytes": {"GPU-...": 1.4e11},
+         "offered_rps": 850.0, "ok_rps": 850.0, "errors_per_s": 0.0},
+        ...
+      ]
+    }
+
+Three panels share the time axis: replicas (running, and the controller's target), free GPU
+memory (GiB, with the safety margin), and load (requests/s sent, and errors/s). Phases are
+dashed vertical lines.
+
+Usage::
+
+    python load_tests/plot_timeline.py docs/results/controller_timeline.json [-o out.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["load_timeline", "main", "plot_timeline"]
+
+GIB = float(1 << 30)
+
+
+def load_timeline(path: str | Path) -> dict[str, Any]:
+    """Read a timeline JSON file."""
+    doc = json.loads(Path(path).read_text())
+    if not isinstance(doc, dict) or not isinstance(doc.get("samples"), list):
+        raise ValueError(f"{path}: not a controller timeline (no 'samples' list)")
+    return doc
+
+
+def _series(samples: Sequence[Mapping[str, Any]], key: str) -> list[float]:
+    out = []
+    for s in samples:
+        value = s.get(key)
+        out.append(float("nan") if value is None else float(value))
+    return out
+
+
+def _gpus(doc: Mapping[str, Any]) -> list[str]:
+    named = [str(u) for u in doc.get("replica_gpus") or []]
+    if named:
+        return named
+    seen: list[str] = []
+    for s in doc["samples"]:
+        for uuid in (s.get("gpu_free_bytes") or {}).keys():
+            if uuid not in seen:
+                seen.append(uuid)
+    return seen
+
+
+def plot_timeline(doc: Mapping[str, Any] | str | Path, out_png: str | Path) -> Path:
+    """Draw the timeline (a document, or the path of its JSON) to ``out_png``; returns it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data: Mapping[str, Any] = doc if isinstance(doc, Mapping) else load_timeline(doc)
+    samples: list[Mapping[str, Any]] = list(data["samples"])
+    t = _series(samples, "t_s")
+    fig, (ax_rep, ax_mem, ax_load) = plt.subplots(
+        3, 1, figsize=(11, 8), sharex=True, gridspec_kw={"height_ratios": [1, 1, 1]}
+    )
+    title = str(data.get("title") or "serve_app headroom controller")
+    if data.get("device"):
+        title += f" ({data['device']})"
+    fig.suptitle(title)
+
+    ax_rep.step(t, _series(samples, "replicas_running"), where="post", label="running")
+    ax_rep.step(
+        t,
+        _series(samples, "controller_target"),
+        where="post",
+        linestyle="--",
+        label="controller target",
+    )
+    ax_rep.set_ylabel("replicas")
+    ax_rep.set_ylim(bottom=0)
+    ax_rep.legend(loc="upper left", fontsize="small")
+    ax_rep.grid(alpha=0.3)
+
+    for uuid in _gpus(data):
+        free = [
+            float("nan")
+            if (s.get("gpu_free_bytes") or {}).get(uuid) is None
+            else float(s["gpu_free_bytes"][uuid]) / GIB
+            for s in samples
+        ]
+        ax_mem.plot(t, free, label=f"free {uuid[:12]}")
+    margin = data.get("margin_bytes")
+    if margin is not None:
+        ax_mem.axhline(float(margin) / GIB, color="red", linestyle=":", label="safety margin")
+    ax_mem.set_ylabel("GPU free (GiB)")
+    ax_mem.set_ylim(bottom=0)
+    ax_mem.legend(loc="upper left", fontsize="small")
+    ax_mem.grid(alpha=0.3)
+
+    ax_load.plot(t, _series(samples, "offered_rps"), label="requests sent /s")
+    ax_load.set_ylabel("requests/s")
+    ax_load.set_ylim(bottom=0)
+    ax_err = ax_load.twinx()
+    ax_err.bar(t, _series(samples, "errors_per_s"), width=0.8, color="red", alpha=0.6)
+    ax_err.set_ylabel("errors/s", color="red")
+    ax_err.set_ylim(bottom=0, top=max([1.0, *_series(samples, "errors_per_s")]) * 1.2)
+    ax_load.legend(loc="upper left", fontsize="small")
+    ax_load.grid(alpha=0.3)
+    ax_load.set_xlabel("time (s)")
+
+    for phase in data.get("phases") or []:
+        for ax in (ax_rep, ax_mem, ax_load):
+            ax.axvline(float(phase["t_s"]), color="grey", linestyle="--", linewidth=0.8)
+        ax_rep.annotate(
+            str(phase["name"]),
+            (float(phase["t_s"]), 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -12),
+            textcoords="offset points",
+            fontsize="small",
+        )
+    fig.tight_layout()
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Plot controller_timeline.json to a PNG.")
+    parser.add_argument("timeline", help="path of controller_timeline.json")
+    parser.add_argument("-o", "--out", help="PNG path (default: next to the JSON, .png)")
+    ns = parser.parse_args(argv)
+    src = Path(ns.timeline)
+    out = Path(ns.out) if ns.out else src.with_suffix(".png")
+    try:
+        written = plot_timeline(src, out)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(written)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
