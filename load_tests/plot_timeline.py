@@ -77,7 +77,7 @@ def plot_timeline(doc: Mapping[str, Any] | str | Path, out_png: str | Path) -> P
     samples: list[Mapping[str, Any]] = list(data["samples"])
     t = _series(samples, "t_s")
     fig, (ax_rep, ax_mem, ax_load) = plt.subplots(
-        3, 1, figsize=(11, 8), sharex=True, gridspec_kw={"height_ratios": [1, 1, 1]}
+        3, 1, figsize=(11, 8.5), sharex=True, gridspec_kw={"height_ratios": [1, 1, 1]}
     )
     title = str(data.get("title") or "serve_app headroom controller")
     if data.get("device"):
@@ -94,7 +94,7 @@ def plot_timeline(doc: Mapping[str, Any] | str | Path, out_png: str | Path) -> P
     )
     ax_rep.set_ylabel("replicas")
     ax_rep.set_ylim(bottom=0)
-    ax_rep.legend(loc="upper left", fontsize="small")
+    ax_rep.legend(loc="lower right", fontsize="small")
     ax_rep.grid(alpha=0.3)
 
     for uuid in _gpus(data):
@@ -110,7 +110,7 @@ def plot_timeline(doc: Mapping[str, Any] | str | Path, out_png: str | Path) -> P
         ax_mem.axhline(float(margin) / GIB, color="red", linestyle=":", label="safety margin")
     ax_mem.set_ylabel("GPU free (GiB)")
     ax_mem.set_ylim(bottom=0)
-    ax_mem.legend(loc="upper left", fontsize="small")
+    ax_mem.legend(loc="best", fontsize="small")
     ax_mem.grid(alpha=0.3)
 
     ax_load.plot(t, _series(samples, "offered_rps"), label="requests sent /s")
@@ -120,20 +120,21 @@ def plot_timeline(doc: Mapping[str, Any] | str | Path, out_png: str | Path) -> P
     ax_err.bar(t, _series(samples, "errors_per_s"), width=0.8, color="red", alpha=0.6)
     ax_err.set_ylabel("errors/s", color="red")
     ax_err.set_ylim(bottom=0, top=max([1.0, *_series(samples, "errors_per_s")]) * 1.2)
-    ax_load.legend(loc="upper left", fontsize="small")
+    ax_load.legend(loc="best", fontsize="small")
     ax_load.grid(alpha=0.3)
     ax_load.set_xlabel("time (s)")
 
-    for phase in data.get("phases") or []:
+    for i, phase in enumerate(data.get("phases") or []):
         for ax in (ax_rep, ax_mem, ax_load):
             ax.axvline(float(phase["t_s"]), color="grey", linestyle="--", linewidth=0.8)
-        ax_rep.annotate(
+        ax_rep.annotate(  # labels alternate between two rows so close phases stay readable
             str(phase["name"]),
             (float(phase["t_s"]), 1.0),
             xycoords=("data", "axes fraction"),
-            xytext=(3, -12),
+            xytext=(3, 4 + 10 * (i % 2)),
             textcoords="offset points",
             fontsize="small",
+            color="dimgrey",
         )
     fig.tight_layout()
     out = Path(out_png)

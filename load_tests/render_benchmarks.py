@@ -238,6 +238,7 @@ def plot_model(
 ) -> Path:
     """Throughput vs offered rate and p99 vs offered rate, one line per setup."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -283,7 +284,10 @@ def plot_model(
         ylabel="p99 latency (s)",
         title="p99 latency",
     )
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
     for ax in (ax_t, ax_p):
+        ax.xaxis.set_major_formatter(plain)
+        ax.yaxis.set_major_formatter(plain)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(MODEL_TITLES.get(name, name))

@@ -75,7 +75,8 @@ SETUPS: dict[str, dict[str, Any]] = {
     "plain_1_haproxy": {"server": "plain", "shared": False, "proxy": "haproxy"},
     "plain_shared_haproxy": {"server": "plain", "shared": True, "proxy": "haproxy"},
 }
-PHASES = ("ceiling", "client", "noop", "plain_1", "plain_shared", "serve_app")
+PHASES = ("ceiling", "client", "noop", "plain_1", "plain_shared", "serve_app", "haproxy_plain")
+DEFAULT_PHASES = PHASES[:-1]  # haproxy_plain only with --haproxy-plain (or --only)
 
 
 def setup_label(key: str, replicas: int) -> str:
@@ -191,6 +192,22 @@ def next_rate(
     return mid
 
 
+def client_saturated(summary: Mapping[str, Any]) -> bool:
+    """Whether the client, not the server, may have limited a point: a client process was
+    nearly always busy, or requests went out late (send lag p99 over 20 ms)."""
+    lag = _p(summary.get("send_lag_s"), "p99")
+    return float(summary.get("client_cpu_frac_max") or 0.0) >= 0.9 or (lag or 0.0) > 0.02
+
+
+def limit_hint(points: Sequence[Mapping[str, Any]]) -> str | None:
+    """'client' when the first failing point of a sweep had a saturated client, else
+    'server'; None when nothing failed."""
+    failed = [p for p in points if p.get("passed") is False]
+    if not failed:
+        return None
+    return "client" if failed[0].get("client_saturated") else "server"
+
+
 def ratio(num: float | None, den: float | None) -> float | None:
     if num is None or den is None or den <= 0:
         return None
@@ -269,6 +286,59 @@ def memory_summary(
         "max_peak_nvml_bytes": max((r["peak_nvml_bytes"] for r in replicas), default=None),
         "max_peak_over_budget": max(overs, default=None),
     }
+
+
+def plan_clusters(phases: Iterable[str]) -> list[tuple[str, str, list[str], bool]]:
+    """(tag, proxy, setup keys, run the no-op) per fresh Ray cluster, in run order: serve_app
+    (and the HAProxy no-op) first, then plain Ray Serve on the default proxy, then plain Ray
+    Serve behind HAProxy."""
+    phases = set(phases)
+    clusters: list[tuple[str, str, list[str], bool]] = []
+    noop = "noop" in phases
+    if "serve_app" in phases or noop:
+        clusters.append(
+            ("haproxy", "haproxy", ["serve_app"] if "serve_app" in phases else [], noop)
+        )
+    plain = [k for k in ("plain_1", "plain_shared") if k in phases]
+    if plain or noop:
+        clusters.append(("default", "default", plain, noop))
+    if "haproxy_plain" in phases:
+        keys = ["plain_1_haproxy", "plain_shared_haproxy"]
+        clusters.append(("haproxy_plain", "haproxy", keys, False))
+    return clusters
+
+
+def cluster_weight(keys: Sequence[str], noop: bool, n_models: int) -> float:
+    """Relative wall time of a cluster: start-up and teardown, the no-op, and the sweeps
+    (serve_app's run longer: they pass more rate points before the first failure)."""
+    return 0.9 + 0.3 * noop + sum(2.0 if k == "serve_app" else 0.8 for k in keys) * n_models
+
+
+def merge_previous(doc: dict[str, Any], prev: Mapping[str, Any]) -> list[str]:
+    """Fill what this run did not measure from an earlier side_by_side.json (same layout).
+    Returns what was taken, as "model/setup" and section names."""
+    taken = []
+    for name, pm in (prev.get("models") or {}).items():
+        m = doc["models"].get(name)
+        if m is None:
+            doc["models"][name] = dict(pm)
+            taken.append(name)
+            continue
+        if not m.get("ceiling") and pm.get("ceiling"):
+            m["ceiling"] = pm["ceiling"]
+            taken.append(f"{name}/ceiling")
+        for key, setup in (pm.get("setups") or {}).items():
+            if key not in m["setups"]:
+                m["setups"][key] = setup
+                taken.append(f"{name}/{key}")
+    if not doc.get("client") and prev.get("client"):
+        doc["client"] = prev["client"]
+        taken.append("client")
+    for key, value in (prev.get("noop") or {}).items():
+        if key not in doc["noop"] and not key.startswith("verdict_"):
+            doc["noop"][key] = value
+            taken.append(f"noop/{key}")
+    return taken
 
 
 # --------------------------------------------------------------------------- small helpers
@@ -475,6 +545,7 @@ class LoadClient:
         records = [bench.Record(*t) for o in outs for t in o["records"]]
         summary = asdict(bench.summarise(records, rate, duration_s, warmup_s))
         summary["client_cpu_frac_max"] = round(max(o["cpu_frac"] for o in outs), 3)
+        summary["client_saturated"] = client_saturated(summary)
         summary["truncated"] = any(o["truncated"] for o in outs)
         summary["wall_s"] = round(time.monotonic() - t0, 2)
         return summary
@@ -494,7 +565,8 @@ def describe_point(s: Mapping[str, Any]) -> str:
     return (
         f"offered {s['offered_rate_per_s']:8.1f}/s  thru {s['throughput_per_s']:8.1f}/s  "
         f"p50 {_ms(lat.get('p50'))}  p99 {_ms(lat.get('p99'))}  err {s['error_rate'] * 100:.2f}%  "
-        f"client cpu {s.get('client_cpu_frac_max', 0):.2f}  {verdict}  {errs}"
+        f"client cpu {s.get('client_cpu_frac_max', 0):.2f}"
+        f"{' SATURATED' if s.get('client_saturated') else ''}  {verdict}  {errs}"
     )
 
 
@@ -1010,7 +1082,7 @@ def run_setup(
         url = base_url + m["route"]
         requests = bench.build_requests(url, m["kind"], model=m["model_name"], seed=cfg["seed"])
         doc["request_bytes"] = [len(r.content) for r in requests]
-        doc["first_answer_s"] = round(_wait_answer(requests[0], 120.0), 2)
+        doc["first_answer_s"] = round(_wait_answer(requests[0], 60.0), 2)
         log(f"{label}: serving after {doc['deploy_s']:.1f} s deploy; sweeping")
         t_sweep = time.time()
         points = sweep(
@@ -1025,6 +1097,7 @@ def run_setup(
         doc["sweep"] = points
         doc["best"] = best_sustained(points, job["p99_target_s"], cfg["max_error_rate"])
         doc["moderate"] = point_at(points, cfg["moderate_rate"])
+        doc["limit_hint"] = limit_hint(points)
         if s["server"] == "serve_app":
             doc["server_memory"] = _server_memory(base_url)
         doc["status"] = "ok" if points else "skipped"
@@ -1173,10 +1246,7 @@ def cluster_worker(spec: dict[str, Any]) -> None:
             memory.stop()
         if load is not None:
             load.close()
-        failed = (
-            any(j.get("status") == "error" for j in result["jobs"].values()) or result["errors"]
-        )
-        if failed and result.get("session_dir"):
+        if result.get("session_dir"):
             _save_logs(
                 Path(result["session_dir"]), Path(spec["out_dir"]) / f"ray_logs_{spec['proxy']}"
             )
@@ -1273,6 +1343,7 @@ def client_ceiling(
             refine=0,
             pause_after_fail_s=1.0,
             max_rate=cfg["client_max_rate"],
+            rate_factor=cfg["client_rate_factor"],
         )
         for kind in sorted({MODELS[m]["kind"] for m in models}):
             requests = bench.build_requests(f"{base}/noop", kind, seed=cfg["seed"])
@@ -1349,11 +1420,11 @@ def _config(a: argparse.Namespace) -> dict[str, Any]:
     quick = a.quick
     cfg: dict[str, Any] = {
         "quick": quick,
-        "duration_s": a.duration_s or (3.0 if cpu else 3.0 if quick else 5.0),
+        "duration_s": a.duration_s or (2.0 if cpu else 3.0 if quick else 5.0),
         "warmup_s": a.warmup_s if a.warmup_s is not None else (1.0 if quick or cpu else 1.5),
         "moderate_rate": a.moderate_rate or (2.0 if cpu else 100.0),
         "rate_factor": a.rate_factor or (2.0 if cpu else 4.0 if quick else 2.0),
-        "max_rate": a.max_rate or (16.0 if cpu else 25600.0),
+        "max_rate": a.max_rate or (8.0 if cpu else 25600.0),
         "refine": a.refine if a.refine is not None else (0 if quick or cpu else 1),
         "max_error_rate": a.max_error_rate,
         "pause_after_fail_s": 1.0 if cpu or quick else 2.0,
@@ -1361,13 +1432,14 @@ def _config(a: argparse.Namespace) -> dict[str, Any]:
         "batch_wait_timeout_s": 0.005,
         "seed": a.seed,
         "noop_rate": 10.0 if cpu else 50.0,
-        "noop_duration_s": 3.0 if cpu or quick else 4.0,
+        "noop_duration_s": 2.0 if cpu else 3.0 if quick else 4.0,
         "client_duration_s": 1.5 if cpu or quick else 2.0,
         "client_start_rate": 100.0 if cpu else 2000.0,
-        "client_max_rate": 3200.0 if cpu else 64000.0,
+        "client_max_rate": 1600.0 if cpu else 64000.0,
+        "client_rate_factor": 4.0 if cpu or quick else 2.0,
         "client_p99_s": 0.05 if not cpu else 0.5,
         "noop_server_workers": a.noop_server_workers or (1 if cpu else 4),
-        "max_time_s": a.max_time_s or (170.0 if cpu else 200.0 if quick else 460.0),
+        "max_time_s": a.max_time_s or (170.0 if cpu else 200.0 if quick else 440.0),
     }
     cfg["p99_target_s"] = {
         name: a.p99_target_s or (m["p99_target_s"] * (25 if cpu else 1))
@@ -1465,8 +1537,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models", default="resnet50,minilm", help="comma-separated: resnet50,minilm")
     p.add_argument(
         "--only",
-        default=",".join(PHASES),
-        help=f"comma-separated phases to run, of {','.join(PHASES)}",
+        default=",".join(DEFAULT_PHASES),
+        help=f"comma-separated phases to run, of {','.join(PHASES)} (default: all but the last)",
     )
     p.add_argument(
         "--haproxy-plain",
@@ -1474,7 +1546,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="also run plain_1 and plain_shared behind HAProxy (fresh cluster, if time allows)",
     )
     p.add_argument(
-        "--replicas", type=int, default=4, help="replicas of the shared layouts (1/N GPU each)"
+        "--replicas",
+        type=int,
+        default=None,
+        help="replicas of the shared layouts, 1/N GPU each (default 4; 2 with --device cpu)",
     )
     p.add_argument(
         "--p99-target-s",
@@ -1540,9 +1615,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="uvicorn workers of the bare no-op server (default 4)",
     )
     p.add_argument(
-        "--max-time-s", type=float, default=None, help="wall-time budget (default 460 s; 200 quick)"
+        "--max-time-s", type=float, default=None, help="wall-time budget (default 440 s; 200 quick)"
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep what an existing <out>/side_by_side.json measured and this run did not",
+    )
     p.add_argument(
         "--_worker", choices=("ceiling", "cluster", "noop-server"), help=argparse.SUPPRESS
     )
@@ -1598,6 +1678,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad = [m for m in models if m not in MODELS] + [x for x in only if x not in PHASES]
     if bad or not models:
         parser.error(f"unknown model or phase {bad}; models: {sorted(MODELS)}, phases: {PHASES}")
+    if a.haproxy_plain:
+        only.add("haproxy_plain")
+    if a.replicas is None:
+        a.replicas = 2 if a.device == "cpu" else 4
     if a.replicas < 1:
         parser.error("--replicas must be >= 1")
     out = a.out or Path(os.environ.get(RESULTS_ENV) or DEFAULT_OUT)
@@ -1616,7 +1700,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "timeout_s": a.request_timeout_s,
         "replica_cpus": 0.5 if cpu else 1.0,
         "ray_cpus": 8 if cpu else None,
-        "deploy_timeout_s": 240.0 if cpu else 180.0,
+        "deploy_timeout_s": 240.0 if cpu else 150.0,
         "cfg": cfg,
         "t0_unix": _T0,
     }
@@ -1636,7 +1720,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             **{k: v for k, v in spec_base.items() if k not in ("cfg", "t0_unix")},
             "models": models,
             "only": sorted(only),
-            "haproxy_plain": a.haproxy_plain,
         },
         "machine": machine_info(),
         "client": {},
@@ -1657,6 +1740,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "timings": {},
     }
     json_path = out / "side_by_side.json"
+    previous = None
+    if a.merge and json_path.is_file():
+        try:
+            previous = json.loads(json_path.read_text())
+        except ValueError as exc:
+            parser.error(f"--merge: {json_path} is not valid JSON: {exc}")
 
     def save() -> None:
         doc["timings"]["total_s"] = round(time.time() - t_start, 1)
@@ -1712,38 +1801,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         save()
 
     # 3-5. the served setups, one fresh cluster per proxy mode; serve_app first
-    clusters: list[tuple[str, str, list[str], bool]] = []
-    if "serve_app" in only or "noop" in only:
-        clusters.append(
-            ("haproxy", "haproxy", ["serve_app"] if "serve_app" in only else [], "noop" in only)
-        )
-    plain_keys = [k for k in ("plain_1", "plain_shared") if k in only]
-    if plain_keys or "noop" in only:
-        clusters.append(("default", "default", plain_keys, "noop" in only))
-    if a.haproxy_plain and plain_keys:
-        clusters.append(("haproxy_plain", "haproxy", [f"{k}_haproxy" for k in plain_keys], False))
-
-    def weight(keys: list[str], noop: bool) -> float:
-        return 0.6 + 0.3 * noop + sum(1.4 if k == "serve_app" else 1.0 for k in keys) * len(models)
-
+    clusters = plan_clusters(only)
     for i, (tag, proxy, keys, noop) in enumerate(clusters):
         t = time.time()
         left = deadline - t
-        share = weight(keys, noop) / sum(weight(k, n) for _, _, k, n in clusters[i:])
-        if tag == "haproxy_plain" and left < 60:
-            log("skipping --haproxy-plain: not enough time left")
-            for job in _cluster_jobs(keys, models, cfg, False):
-                doc["models"][job["model"]]["setups"][job["setup"]] = {
-                    "status": "skipped",
-                    "error": "time budget",
-                }
+        jobs = _cluster_jobs(keys, models, cfg, noop)
+        if left < (60.0 if tag == "haproxy_plain" else 30.0):
+            log(f"skipping cluster[{tag}]: {left:.0f} s left of the budget")
+            for job in jobs:
+                skipped = {"status": "skipped", "error": "time budget"}
+                if job["kind"] == "noop":
+                    doc["noop"][f"serve_{proxy}"] = skipped
+                else:
+                    doc["models"][job["model"]]["setups"][job["setup"]] = skipped
             continue
-        cluster_deadline = t + max(30.0, left * share)
+        weights = [cluster_weight(k, n, len(models)) for _, _, k, n in clusters[i:]]
+        cluster_deadline = t + max(30.0, left * weights[0] / sum(weights))
         log(
-            f"phase cluster[{tag}]: {proxy} proxy, jobs {keys + (['noop'] if noop else [])}, "
+            f"phase cluster[{tag}]: {proxy} proxy, jobs {[j['key'] for j in jobs]}, "
             f"{cluster_deadline - t:.0f} s"
         )
-        jobs = _cluster_jobs(keys, models, cfg, noop)
         spec = dict(spec_base, proxy=proxy, jobs=jobs, deadline=cluster_deadline)
         res = _run_worker("cluster", spec, cluster_deadline - time.time() + 60.0, out)
         for job in jobs:
@@ -1761,16 +1838,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc["timings"][f"cluster_{tag}_startup_s"] = res.get("startup_s")
         save()
 
+    if previous is not None:
+        taken = merge_previous(doc, previous)
+        doc["merged_from_previous"] = taken
+        log(f"merged from the previous {json_path.name}: {', '.join(taken) or 'nothing'}")
     finalize(doc)
     save()
-    try:
-        from load_tests.render_benchmarks import plot_all, render_markdown
+    log(f"wrote {json_path}")
+    from load_tests.render_benchmarks import plot_all, render_markdown
 
-        written = plot_all(doc, out)
-        log(f"wrote {json_path}" + "".join(f", {p}" for p in written))
+    try:
         print(render_markdown(doc), flush=True)
-    except Exception as exc:  # noqa: BLE001 - plots are optional (matplotlib may be missing)
-        log(f"wrote {json_path}; plots/table failed: {exc!r} (run load_tests.render_benchmarks)")
+    except Exception as exc:  # noqa: BLE001 - the JSON is written; the table can be redone
+        log(f"markdown table failed: {exc!r} (python -m load_tests.render_benchmarks {json_path})")
+    try:
+        written = plot_all(doc, out)
+        log("wrote " + ", ".join(str(p) for p in written))
+    except Exception as exc:  # noqa: BLE001 - matplotlib may be missing on the GPU host
+        log(
+            f"plots failed: {exc!r}; redraw elsewhere: python -m load_tests.render_benchmarks "
+            f"{json_path} --plots {out}"
+        )
     log(f"done in {time.time() - t_start:.0f} s")
     return 0
 

@@ -28,6 +28,7 @@ from serve_app.errors import (
     NotFound,
     PayloadTooLarge,
     ServeAppError,
+    StartupError,
 )
 from serve_app.memory import format_bytes
 from serve_app.metrics import ReplicaMetrics
@@ -126,7 +127,7 @@ class ModelServer:
         assigned = ray.get_runtime_context().get_assigned_resources()
         self.partition = Partition.start(self.args, float(assigned.get("GPU", 0.0)))
         self.adapter = make_adapter(self.args)
-        self.adapter.setup(self.partition.device)
+        self._setup_adapter()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
         self.calibration: Any = None
         self.batch_cap = self._initial_batch_cap()
@@ -151,6 +152,22 @@ class ModelServer:
             self.partition.device,
             self.batch_cap,
         )
+
+    def _setup_adapter(self) -> None:
+        try:
+            self.adapter.setup(self.partition.device)
+        except Exception as exc:
+            budget = self.partition.budget
+            if budget is None or not is_torch_oom(exc):
+                raise
+            del exc  # the traceback pins the half-loaded weights
+            raise StartupError(
+                f"model {self.args.model_name!r} does not fit in this replica's GPU memory cap "
+                f"of {format_bytes(budget.cap_bytes)} ({format_bytes(budget.overhead_bytes)} of "
+                "it is the CUDA context): loading its weights ran out of memory. Raise "
+                "memory_fraction or ray_actor_options.num_gpus in the deploy config, or use a "
+                "smaller model or dtype"
+            ) from None
 
     def _initial_batch_cap(self) -> int:
         configured = self.args.max_batch_size

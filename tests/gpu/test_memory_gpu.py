@@ -24,6 +24,7 @@ import asyncio
 import json
 import math
 import random
+import re
 import threading
 import time
 from collections import Counter
@@ -122,8 +123,13 @@ def app_status(name: str) -> tuple[str, str]:
         return "MISSING", ""
     messages = [str(app.message or "")]
     for dep_name, dep in app.deployments.items():
-        messages.append(f"[{dep_name} {dep.status}] {dep.message or ''}")
-    return str(app.status), "\n".join(m for m in messages if m.strip())
+        messages.append(f"[{dep_name} {_value(dep.status)}] {dep.message or ''}")
+    return _value(app.status), "\n".join(m for m in messages if m.strip())
+
+
+def _value(status: Any) -> str:
+    """``ApplicationStatus.RUNNING`` -> ``"RUNNING"`` (str() of these enums has the class name)."""
+    return str(getattr(status, "value", status))
 
 
 def wait_status(name: str, wanted: set[str], timeout_s: float) -> tuple[str, str]:
@@ -187,7 +193,7 @@ def delete_apps(*names: str) -> None:
 def log_other_apps() -> None:
     from ray import serve
 
-    apps = {n: str(a.status) for n, a in serve.status().applications.items()}
+    apps = {n: _value(a.status) for n, a in serve.status().applications.items()}
     log(f"applications running before this test: {apps or 'none'}")
 
 
@@ -726,8 +732,11 @@ def failed_startups(base: str, results_dir: Path) -> Iterator[dict[str, Any]]:
 
 
 def _names_the_fix(message: str) -> bool:
-    return ("memory_fraction" in message or "num_gpus" in message) and (
-        "cap" in message or "budget" in message
+    """Our message, not torch's: it speaks of the cap or budget (torch says "capacity") and
+    names the setting to change."""
+    return bool(
+        re.search(r"\b(memory_fraction|num_gpus)\b", message)
+        and re.search(r"\b(cap|budget)\b", message)
     )
 
 
@@ -909,6 +918,8 @@ def test_5_calibration_fits_and_next_step_does_not(base: str, results_dir: Path)
         log(f"replica calibration: {doc['replica']}")
     finally:
         delete_apps(app)
+    write_result(results_dir, "memory_gpu_5_calibration", doc)  # again below, with more
+    assert rep["calibrated_batch_size"] is not None, f"no calibration in the report: {rep}"
     in_process = calibrate_in_process(
         args, float(rep["num_gpus"]), int(rep["calibrated_batch_size"])
     )
