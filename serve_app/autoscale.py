@@ -22,8 +22,8 @@ the monitor actor with a fire-and-forget ``.remote()``. Recommended deployment c
         policy_kwargs: {safety_margin_bytes: 2147483648, upscale_cooldown_s: 30,
                         downscale_cooldown_s: 300, max_reading_age_s: 30}
 
-and ``RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S`` at or below a few seconds (default 10)
-so readings reach the controller well within ``max_reading_age_s``.
+and ``autoscaling_config.metrics_interval_s: 1`` (Ray 2.60 pushes replica stats at that interval,
+10 s by default) so readings reach the controller well within ``max_reading_age_s``.
 """
 
 from __future__ import annotations

@@ -199,8 +199,15 @@ def _check_deployments(args: AppArgs, deployments: list[Any], where: str) -> lis
         ):
             from serve_app.autoscale import validate_policy_kwargs
 
+            where_kwargs = f"{path}.autoscaling_config.policy.policy_kwargs"
             for msg in validate_policy_kwargs(policy.get("policy_kwargs") or {}):
-                errors.append(f"{path}.autoscaling_config.policy.policy_kwargs.{msg}")
+                # Model-level problems already start with "policy_kwargs"; fields do not.
+                rest = (
+                    msg.removeprefix("policy_kwargs")
+                    if msg.startswith("policy_kwargs")
+                    else f".{msg}"
+                )
+                errors.append(where_kwargs + rest)
     return errors
 
 

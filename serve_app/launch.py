@@ -81,8 +81,6 @@ def start_ray(num_gpus: int, haproxy: bool, num_cpus: int | None = None) -> None
     # HAProxy keeps a removed replica draining for 30 s by default; on one node its config
     # reloads in well under a second, and a long drain makes Ctrl-C slow.
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
-    # The headroom controller needs fresh replica stats (Ray's default push is every 10 s).
-    os.environ.setdefault("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "1")
     ray.init(
         num_cpus=num_cpus,
         num_gpus=num_gpus,

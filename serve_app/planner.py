@@ -88,7 +88,7 @@ _FIXES: dict[str, str] = {
     "downscale_cooldown_s": "set seconds between changes before a scale-down, e.g. 300",
     "shed_cooldown_s": "set seconds between memory-pressure sheds, e.g. 10",
     "max_reading_age_s": "set the oldest GPU reading to trust, above the replica metrics "
-    "push interval (RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S), e.g. 30",
+    "push interval (autoscaling_config.metrics_interval_s), e.g. 30",
     "max_clock_skew_s": "set how far node clocks may disagree, e.g. 5",
     "downscale_threshold": "set a value in (0, 1), e.g. 0.8",
     "max_step_up": "set the most replicas one scale-up adds, e.g. 1",

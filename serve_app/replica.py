@@ -309,7 +309,7 @@ class ModelServer:
             budget_bytes=budget.budget_bytes if budget else 0,
             peak_bytes=peak,
             gpu_uuid=part.gpu_uuid,
-            gpu_fraction=part.num_gpus if part.on_gpu else 0.0,
+            gpu_fraction=part.gpu_fraction,
             nvml_process_bytes=part.process_bytes(),
         )
 
