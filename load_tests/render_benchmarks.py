@@ -205,12 +205,13 @@ def machine_section(doc: Mapping[str, Any]) -> list[str]:
     m = doc.get("machine") or {}
     gpu = m.get("gpu_name") or "no GPU"
     total = m.get("gpu_total_bytes")
+    memory = f"{fmt_gib(total)} GiB" if total else "-"
     return [
         "### Machine",
         "",
         "| GPU | memory | driver | torch (CUDA) | Ray | Python | CPUs | client loop |",
         "|---|---|---|---|---|---|---|---|",
-        f"| {gpu} | {fmt_gib(total)} GiB | {m.get('driver_version') or '-'} | "
+        f"| {gpu} | {memory} | {m.get('driver_version') or '-'} | "
         f"{m.get('torch_version')} ({m.get('torch_cuda') or 'cpu'}) | {m.get('ray_version')} | "
         f"{m.get('python')} | {m.get('cpu_count')} | {m.get('client_event_loop')} |",
     ]
@@ -222,7 +223,10 @@ def render_markdown(doc: Mapping[str, Any]) -> str:
     lines += machine_section(doc) + [""]
     for name, m in (doc.get("models") or {}).items():
         lines += model_section(name, m) + [""]
-    lines += noop_section(doc) + [""] + client_section(doc)
+    if doc.get("noop"):
+        lines += noop_section(doc) + [""]
+    if doc.get("client"):
+        lines += client_section(doc)
     errors = doc.get("errors") or []
     if errors:
         lines += ["", "### Errors", ""]

@@ -16,13 +16,16 @@ bytes against its share. It also measures the client's own ceiling against a bar
 uvicorn + Starlette no-op server, and a no-op deployment's p50 through Serve against that.
 
     python -m load_tests.side_by_side --out docs/results/benchmarks          # full, < 8 min
-    python -m load_tests.side_by_side --quick                                # smoke, ~3 min
-    python -m load_tests.side_by_side --device cpu --quick --replicas 2      # CPU dry run
+    python -m load_tests.side_by_side --quick                                # smoke, ~4 min
+    python -m load_tests.side_by_side --device cpu --quick                   # CPU dry run, ~3 min
+    python -m load_tests.side_by_side --only haproxy_plain --merge           # 2-3 behind HAProxy,
+                                                                             # added to the JSON
 
 Each proxy mode runs in a fresh Ray cluster, started by a worker subprocess of this script
 (RAY_SERVE_ENABLE_HA_PROXY is read when each Ray process starts, and by Serve's constants when
 the driver imports them). A failing setup is recorded in the JSON and the run goes on; the JSON
-is rewritten after every phase, so a killed run still leaves what it measured.
+is rewritten after every phase, so a killed run still leaves what it measured. Setups that
+run out of the wall-time budget (--max-time-s) are marked "skipped".
 """
 
 from __future__ import annotations
@@ -579,10 +582,12 @@ def sweep(
     deadline: float,
     label: str,
     start: float | None = None,
+    points: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Ascending open-loop sweep (see next_rate); stops at the deadline."""
+    """Ascending open-loop sweep (see next_rate); stops at the deadline. Points are appended
+    to `points` as they finish (pass a list to keep them if a later point raises)."""
     history: list[tuple[float, bool]] = []
-    points: list[dict[str, Any]] = []
+    points = [] if points is None else points
     per_point = cfg["warmup_s"] + cfg["duration_s"] + 3.0
     while True:
         rate = next_rate(
@@ -983,7 +988,10 @@ def _deploy(app: Any, name: str, timeout_s: float) -> None:
             if status.endswith("RUNNING"):
                 return
             if "FAILED" in status:
-                raise RuntimeError(f"{name}: {status}: {app_status.message}"[:3000])
+                details = [app_status.message] + [
+                    f"{dep}: {d.message}" for dep, d in app_status.deployments.items() if d.message
+                ]
+                raise RuntimeError(f"{name}: {status}: " + "\n".join(details)[:3000])
         time.sleep(0.5)
     raise TimeoutError(f"{name} not RUNNING after {timeout_s:.0f} s (last status {status})")
 
@@ -1056,26 +1064,28 @@ def run_setup(
         "num_replicas": replicas,
         "ray_actor_options": {"num_gpus": num_gpus, "num_cpus": spec["replica_cpus"]},
     }
-    if s["server"] == "serve_app":
-        from serve_app.replica import ModelServer
-
-        app = ModelServer.options(**options).bind(_serve_app_args(model, spec))  # type: ignore[attr-defined]
-        doc["config"] = {
-            "args": "load_format=dummy dtype=float16, calibrated batch, default cache policy"
-        }
-    else:
-        factory = plain_image_deployment if m["kind"] == "image" else plain_embeddings_deployment
-        dep = factory(cfg["plain_batch"], cfg["batch_wait_timeout_s"])
-        options["max_ongoing_requests"] = 2 * cfg["plain_batch"]
-        app = dep.options(**options).bind()
-        doc["config"] = {
-            "max_batch_size": cfg["plain_batch"],
-            "batch_wait_timeout_s": cfg["batch_wait_timeout_s"],
-            "max_ongoing_requests": 2 * cfg["plain_batch"],
-        }
     name = f"{key}_{model}"
     t0 = time.time()
     try:
+        if s["server"] == "serve_app":
+            from serve_app.replica import ModelServer
+
+            app = ModelServer.options(**options).bind(_serve_app_args(model, spec))  # type: ignore[attr-defined]
+            doc["config"] = {
+                "args": "load_format=dummy dtype=float16, calibrated batch, default cache policy"
+            }
+        else:
+            factory = (
+                plain_image_deployment if m["kind"] == "image" else plain_embeddings_deployment
+            )
+            dep = factory(cfg["plain_batch"], cfg["batch_wait_timeout_s"])
+            options["max_ongoing_requests"] = 2 * cfg["plain_batch"]
+            app = dep.options(**options).bind()
+            doc["config"] = {
+                "max_batch_size": cfg["plain_batch"],
+                "batch_wait_timeout_s": cfg["batch_wait_timeout_s"],
+                "max_ongoing_requests": 2 * cfg["plain_batch"],
+            }
         log(f"{label}: deploying {doc['label']}")
         _deploy(app, name, min(spec["deploy_timeout_s"], max(10.0, spec["deadline"] - time.time())))
         doc["deploy_s"] = round(time.time() - t0, 1)
@@ -1085,16 +1095,18 @@ def run_setup(
         doc["first_answer_s"] = round(_wait_answer(requests[0], 60.0), 2)
         log(f"{label}: serving after {doc['deploy_s']:.1f} s deploy; sweeping")
         t_sweep = time.time()
-        points = sweep(
+        points: list[dict[str, Any]] = []
+        doc["sweep"] = points
+        sweep(
             load,
             requests,
             cfg,
             p99_target_s=job["p99_target_s"],
             deadline=spec["deadline"],
             label=label,
+            points=points,
         )
         doc["sweep_s"] = round(time.time() - t_sweep, 1)
-        doc["sweep"] = points
         doc["best"] = best_sustained(points, job["p99_target_s"], cfg["max_error_rate"])
         doc["moderate"] = point_at(points, cfg["moderate_rate"])
         doc["limit_hint"] = limit_hint(points)
@@ -1103,6 +1115,12 @@ def run_setup(
         doc["status"] = "ok" if points else "skipped"
         if not points:
             doc["error"] = "no rate point ran (time budget)"
+    except Exception as exc:  # noqa: BLE001 - keep what was measured, record why it stopped
+        doc.update(status="error", **_error(exc))
+        points = doc.get("sweep") or []
+        doc["best"] = best_sustained(points, job["p99_target_s"], cfg["max_error_rate"])
+        doc["moderate"] = point_at(points, cfg["moderate_rate"])
+        log(f"{label} FAILED: {doc['error'][:500]}")
     finally:
         t1 = time.time()
         try:
@@ -1420,11 +1438,11 @@ def _config(a: argparse.Namespace) -> dict[str, Any]:
     quick = a.quick
     cfg: dict[str, Any] = {
         "quick": quick,
-        "duration_s": a.duration_s or (2.0 if cpu else 3.0 if quick else 5.0),
-        "warmup_s": a.warmup_s if a.warmup_s is not None else (1.0 if quick or cpu else 1.5),
+        "duration_s": a.duration_s or (2.0 if cpu or quick else 4.0),
+        "warmup_s": a.warmup_s if a.warmup_s is not None else 1.0,
         "moderate_rate": a.moderate_rate or (2.0 if cpu else 100.0),
         "rate_factor": a.rate_factor or (2.0 if cpu else 4.0 if quick else 2.0),
-        "max_rate": a.max_rate or (8.0 if cpu else 25600.0),
+        "max_rate": a.max_rate or (4.0 if cpu else 1600.0 if quick else 25600.0),
         "refine": a.refine if a.refine is not None else (0 if quick or cpu else 1),
         "max_error_rate": a.max_error_rate,
         "pause_after_fail_s": 1.0 if cpu or quick else 2.0,
@@ -1432,14 +1450,14 @@ def _config(a: argparse.Namespace) -> dict[str, Any]:
         "batch_wait_timeout_s": 0.005,
         "seed": a.seed,
         "noop_rate": 10.0 if cpu else 50.0,
-        "noop_duration_s": 2.0 if cpu else 3.0 if quick else 4.0,
+        "noop_duration_s": 2.0 if cpu or quick else 4.0,
         "client_duration_s": 1.5 if cpu or quick else 2.0,
         "client_start_rate": 100.0 if cpu else 2000.0,
-        "client_max_rate": 1600.0 if cpu else 64000.0,
+        "client_max_rate": 400.0 if cpu else 64000.0,
         "client_rate_factor": 4.0 if cpu or quick else 2.0,
         "client_p99_s": 0.05 if not cpu else 0.5,
         "noop_server_workers": a.noop_server_workers or (1 if cpu else 4),
-        "max_time_s": a.max_time_s or (170.0 if cpu else 200.0 if quick else 440.0),
+        "max_time_s": a.max_time_s or (220.0 if cpu else 240.0 if quick else 420.0),
     }
     cfg["p99_target_s"] = {
         name: a.p99_target_s or (m["p99_target_s"] * (25 if cpu else 1))
@@ -1450,6 +1468,18 @@ def _config(a: argparse.Namespace) -> dict[str, Any]:
     if a.p99_target_embeddings_s:
         cfg["p99_target_s"]["minilm"] = a.p99_target_embeddings_s
     return cfg
+
+
+def _stop_worker(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM the worker's process group (it shuts its Ray cluster down), SIGKILL after 45 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        return proc.wait(timeout=45)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
+    except ProcessLookupError:
+        return proc.wait()
 
 
 def _run_worker(mode: str, spec: dict[str, Any], timeout_s: float, out_dir: Path) -> dict[str, Any]:
@@ -1469,12 +1499,10 @@ def _run_worker(mode: str, spec: dict[str, Any], timeout_s: float, out_dir: Path
         rc = proc.wait(timeout=max(5.0, timeout_s))
     except subprocess.TimeoutExpired:
         log(f"worker {mode} over its {timeout_s:.0f} s: stopping it")
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            rc = proc.wait(timeout=45)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            rc = proc.wait()
+        rc = _stop_worker(proc)
+    except BaseException:  # Ctrl-C or SIGTERM here: the worker tears its cluster down first
+        _stop_worker(proc)
+        raise
     result: dict[str, Any] = {}
     try:
         result = json.loads(result_path.read_text())
@@ -1569,7 +1597,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--rate-factor", type=float, default=None, help="sweep step (default x2; x4 with --quick)"
     )
     p.add_argument(
-        "--max-rate", type=float, default=None, help="highest offered rate (default 25600/s)"
+        "--max-rate",
+        type=float,
+        default=None,
+        help="highest offered rate (default 25600/s; 1600 with --quick)",
     )
     p.add_argument(
         "--refine",
@@ -1581,13 +1612,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--duration-s",
         type=float,
         default=None,
-        help="measured seconds per rate (default 5; 3 with --quick)",
+        help="measured seconds per rate (default 4; 2 with --quick)",
     )
     p.add_argument(
         "--warmup-s",
         type=float,
         default=None,
-        help="unmeasured seconds before each (default 1.5; 1 with --quick)",
+        help="unmeasured seconds before each (default 1)",
     )
     p.add_argument(
         "--max-error-rate",
@@ -1615,7 +1646,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="uvicorn workers of the bare no-op server (default 4)",
     )
     p.add_argument(
-        "--max-time-s", type=float, default=None, help="wall-time budget (default 440 s; 200 quick)"
+        "--max-time-s", type=float, default=None, help="wall-time budget (default 420 s; 240 quick)"
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -1682,12 +1713,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         only.add("haproxy_plain")
     if a.replicas is None:
         a.replicas = 2 if a.device == "cpu" else 4
-    if a.replicas < 1:
-        parser.error("--replicas must be >= 1")
+    if a.replicas < 1 or a.plain_batch < 1 or a.client_procs is not None and a.client_procs < 1:
+        parser.error("--replicas, --plain-batch and --client-procs must be >= 1")
     out = a.out or Path(os.environ.get(RESULTS_ENV) or DEFAULT_OUT)
     out.mkdir(parents=True, exist_ok=True)
     cfg = _config(a)
     cpu = a.device == "cpu"
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise SystemExit(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)  # so a running worker is stopped, not orphaned
     t_start = time.time()
     deadline = t_start + cfg["max_time_s"]
     spec_base: dict[str, Any] = {
@@ -1815,7 +1851,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 else:
                     doc["models"][job["model"]]["setups"][job["setup"]] = skipped
             continue
-        weights = [cluster_weight(k, n, len(models)) for _, _, k, n in clusters[i:]]
+        # haproxy_plain is the optional extra: it gets what the others leave, never a share.
+        weights = [
+            cluster_weight(k, n, len(models))
+            for tg, _, k, n in clusters[i:]
+            if tg != "haproxy_plain" or tg == tag
+        ]
         cluster_deadline = t + max(30.0, left * weights[0] / sum(weights))
         log(
             f"phase cluster[{tag}]: {proxy} proxy, jobs {[j['key'] for j in jobs]}, "

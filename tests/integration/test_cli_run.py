@@ -43,6 +43,10 @@ def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http(f"{url}/readyz", 240.0)
+        deadline = time.monotonic() + 60.0  # the CLI prints the URL once its own check passes
+        while f"serving at {url}" not in Path(log.name).read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, "no 'serving at' line"
+            time.sleep(0.2)
         resp = httpx.post(f"{url}/v1/embeddings", json={"input": "hello"}, timeout=30.0)
         assert resp.status_code == 200 and len(resp.json()["data"][0]["embedding"]) == 384
         started = time.monotonic()
