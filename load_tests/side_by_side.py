@@ -618,8 +618,9 @@ def sweep(
 
 
 def preprocess_image(blob: bytes, size: int = 224) -> Any:
-    """JPEG/PNG bytes -> normalised CHW float32: the same steps as serve_app's image adapter
-    (RGB, bilinear resize of the short side to size*256/224, centre crop, ImageNet mean/std)."""
+    """JPEG/PNG bytes -> normalised CHW float32, the same steps as serve_app's image adapter:
+    RGB, the centre square that becomes a size x size crop after resizing the short side to
+    size*256/224, resized in one bilinear step, then ImageNet mean/std."""
     import io
 
     import numpy as np
@@ -628,13 +629,12 @@ def preprocess_image(blob: bytes, size: int = 224) -> Any:
     mean = np.array([0.485, 0.456, 0.406], dtype=np.float32)
     std = np.array([0.229, 0.224, 0.225], dtype=np.float32)
     img = Image.open(io.BytesIO(blob)).convert("RGB")
-    scale = round(size * 256 / 224) / min(img.size)
+    scale = size * 256 / 224 / min(img.size)
+    side = size / scale
+    left, top = (img.width - side) / 2, (img.height - side) / 2
     img = img.resize(
-        (max(size, round(img.width * scale)), max(size, round(img.height * scale))),
-        Image.Resampling.BILINEAR,
+        (size, size), Image.Resampling.BILINEAR, box=(left, top, left + side, top + side)
     )
-    left, top = (img.width - size) // 2, (img.height - size) // 2
-    img = img.crop((left, top, left + size, top + size))
     arr = (np.asarray(img, dtype=np.float32) / 255.0 - mean) / std
     return np.ascontiguousarray(arr.transpose(2, 0, 1))
 

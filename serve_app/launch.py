@@ -82,6 +82,7 @@ def start_ray(num_gpus: int, haproxy: bool, num_cpus: int | None = None) -> None
     # reloads in well under a second, and a long drain makes Ctrl-C slow.
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
     ray.init(
+        address="local",
         num_cpus=num_cpus,
         num_gpus=num_gpus,
         include_dashboard=False,
@@ -152,15 +153,20 @@ def run(doc: dict[str, Any], *, haproxy: bool = True, ready_timeout_s: float = 3
     return Deployment(url=url, notes=notes, haproxy=haproxy)
 
 
-def haproxy_pids() -> list[int]:
+def haproxy_pids(session_dir: str) -> list[int]:
+    """HAProxy processes started by this Ray session (their parent chain names its directory)."""
     import psutil
 
     pids = []
-    for proc in psutil.process_iter(["name", "cmdline"]):
-        name = proc.info.get("name") or ""
-        cmd = " ".join(proc.info.get("cmdline") or [])
-        if "haproxy" in name and "serve" in cmd:
-            pids.append(proc.pid)
+    for proc in psutil.process_iter(["name"]):
+        if "haproxy" not in (proc.info.get("name") or ""):
+            continue
+        try:
+            ancestors = proc.parents()[:4]
+            if any(session_dir in " ".join(p.cmdline()) for p in ancestors):
+                pids.append(proc.pid)
+        except psutil.Error:
+            continue
     return pids
 
 
@@ -170,7 +176,10 @@ def shutdown() -> None:
     import ray
     from ray import serve
 
-    before = set(haproxy_pids())
+    before: set[int] = set()
+    node = ray._private.worker.global_worker.node if ray.is_initialized() else None
+    if node is not None:
+        before = set(haproxy_pids(node.get_session_dir_path()))
     try:
         if ray.is_initialized():
             serve.shutdown()

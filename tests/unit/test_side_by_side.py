@@ -399,3 +399,18 @@ def test_render_markdown_of_an_empty_run() -> None:
     assert "### MiniLM-L6 embeddings" in md
     assert "| setup | replicas x GPU | best sustained req/s |" in md
     assert "Wall time" not in md
+
+
+def test_plain_baseline_preprocesses_exactly_like_serve_app() -> None:
+    import numpy as np
+
+    from load_tests import payloads
+    from serve_app.adapters.image import ImageClassifierAdapter
+    from serve_app.config import parse_args
+
+    adapter = ImageClassifierAdapter(
+        parse_args({"adapter": "image-classification", "load_format": "dummy"})
+    )
+    for seed in range(2):
+        blob = payloads.image_bytes(224, "jpeg", seed)
+        np.testing.assert_array_equal(sbs.preprocess_image(blob), adapter._preprocess(blob, 0))
