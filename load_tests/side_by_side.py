@@ -1031,6 +1031,7 @@ def _serve_app_args(model: str, spec: Mapping[str, Any]) -> dict[str, Any]:
         raw.update(adapter="image-classification", arch="resnet50")
     else:
         raw.update(adapter="embeddings", model_path=minilm_dir())
+    raw.update(spec["cfg"].get("serve_app_args") or {})
     return parse_args(raw).model_dump()
 
 
@@ -1072,7 +1073,8 @@ def run_setup(
 
             app = ModelServer.options(**options).bind(_serve_app_args(model, spec))  # type: ignore[attr-defined]
             doc["config"] = {
-                "args": "load_format=dummy dtype=float16, calibrated batch, default cache policy"
+                "args": "load_format=dummy dtype=float16, calibrated batch, default cache policy",
+                "extra_args": spec["cfg"].get("serve_app_args") or {},
             }
         else:
             factory = (
@@ -1447,7 +1449,8 @@ def _config(a: argparse.Namespace) -> dict[str, Any]:
         "max_error_rate": a.max_error_rate,
         "pause_after_fail_s": 1.0 if cpu or quick else 2.0,
         "plain_batch": a.plain_batch,
-        "batch_wait_timeout_s": 0.005,
+        "batch_wait_timeout_s": a.batch_wait_timeout_s,
+        "serve_app_args": json.loads(a.serve_app_args),
         "seed": a.seed,
         "noop_rate": 10.0 if cpu else 50.0,
         "noop_duration_s": 2.0 if cpu or quick else 4.0,
@@ -1563,6 +1566,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu", default="0", help="the CUDA device every setup uses (CUDA_VISIBLE_DEVICES)"
     )
     p.add_argument("--models", default="resnet50,minilm", help="comma-separated: resnet50,minilm")
+    p.add_argument(
+        "--serve-app-args",
+        default="{}",
+        help="JSON merged into serve_app's app args, e.g. '{\"batch_wait_timeout_s\": 0.001}'",
+    )
+    p.add_argument(
+        "--batch-wait-timeout-s",
+        type=float,
+        default=0.005,
+        help="plain Ray Serve's @serve.batch wait (serve_app's comes from its args)",
+    )
     p.add_argument(
         "--only",
         default=",".join(DEFAULT_PHASES),

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# On the GPU host (two GPUs): the GPU tests, one suite per GPU, then tarballs under $OUT.
+# Usage: bash scripts/gpu_tests.sh   (after the install line of ../shared/gpu-host/README.md)
+set -u
+export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
+OUT="${OUT:-/tmp/gpu-out}"; RES=/tmp/gpu-results; mkdir -p "$OUT" "$RES/mem" "$RES/ctl"
+nvidia-smi -L
+python3 -c "import httpx, matplotlib, pynvml; print('client libs ok')"
+(
+  export CUDA_VISIBLE_DEVICES=0 SERVE_APP_RESULTS_DIR="$RES/mem"
+  timeout 560 python3 -m pytest -p no:cacheprovider -v -s tests/gpu/test_memory_gpu.py \
+    > "$RES/mem/pytest.log" 2>&1
+  echo "memory tests exit $?" >> "$RES/mem/pytest.log"
+) &
+(
+  export CUDA_VISIBLE_DEVICES=1 SERVE_APP_RESULTS_DIR="$RES/ctl"
+  timeout 400 python3 -m pytest -p no:cacheprovider -v -s tests/gpu/test_controller_gpu.py \
+    > "$RES/ctl/pytest.log" 2>&1
+  echo "controller test exit $?" >> "$RES/ctl/pytest.log"
+  timeout 150 python3 -m load_tests.cache_policy_cost --out "$RES/ctl" > "$RES/ctl/cache_cost.log" 2>&1
+  echo "cache cost exit $?" >> "$RES/ctl/cache_cost.log"
+) &
+wait
+for d in mem ctl; do
+  grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|exit" "$RES/$d/pytest.log" | tail -15
+done
+tail -5 "$RES/ctl/cache_cost.log"
+tar -czf "$OUT/gpu_results.tgz" -C "$RES" .
