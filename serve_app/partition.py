@@ -55,6 +55,45 @@ def resolve_device(requested: str) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
+def startup_tolerance_bytes(total_bytes: int) -> int:
+    """How far below its cap a device's free memory may be at start-up and still pass.
+
+    A device never has its whole total free: the driver and tools hold some of it even when idle
+    (9,240,576 bytes on an idle H200 here), so a replica with ``num_gpus: 1`` would always fail a
+    strict check. Up to 0.5 % of the device (about 0.7 GiB on an H200) the cap is lowered to what
+    is free instead; beyond that the replica fails with the message that names the fix.
+    """
+    return total_bytes // 200
+
+
+def fit_cap_to_device(
+    budget: MemoryBudget, free_bytes: int, own_bytes: int, gpu_uuid: str
+) -> MemoryBudget:
+    """``budget`` if the device can hold its cap; a cap lowered to the available bytes when it
+    falls short by at most ``startup_tolerance_bytes`` (logged); else InsufficientGpuMemoryError."""
+    available = free_bytes + own_bytes
+    short = budget.cap_bytes - available
+    if short <= 0 or short > startup_tolerance_bytes(budget.device_total_bytes):
+        check_free_memory(free_bytes, own_bytes, budget, gpu_uuid)
+        return budget
+    lowered = plan_budget(
+        budget.num_gpus,
+        budget.device_total_bytes,
+        budget.overhead_bytes,
+        available / budget.device_total_bytes,
+    )
+    logger.warning(
+        "GPU %s: %s is available, %s short of this replica's cap of %s (held outside it); "
+        "cap lowered to %s",
+        gpu_uuid,
+        format_bytes(available),
+        format_bytes(short),
+        format_bytes(budget.cap_bytes),
+        format_bytes(lowered.cap_bytes),
+    )
+    return lowered
+
+
 def _nvml_value(result: Any) -> Any | None:
     return None if isinstance(result, nvml.NvmlError) else result
 
@@ -139,7 +178,7 @@ class Partition:
             budget = plan_budget(num_gpus, total_bytes, overhead, args.memory.memory_fraction)
             free_bytes, _ = torch.cuda.mem_get_info(device)
             own = proc if proc is not None else overhead + reserved
-            check_free_memory(int(free_bytes), int(own), budget, uuid)
+            budget = fit_cap_to_device(budget, int(free_bytes), int(own), uuid)
         except GpuMemoryError as exc:
             raise StartupError(str(exc)) from None
         torch.cuda.set_per_process_memory_fraction(budget.torch_fraction, device)
