@@ -64,8 +64,9 @@ def short_text(rng: random.Random) -> str:
 
 
 def long_text(rng: random.Random) -> str:
-    """A document of 200 to 250 words in 3 to 5 paragraphs of 8-20-word sentences."""
-    target_words = rng.randint(200, 250)
+    """A document of 150 to 200 words in 3 to 5 paragraphs of 8-20-word sentences: long, but
+    within MiniLM's 256-token limit (about 170 to 230 tokens), which serve_app enforces."""
+    target_words = rng.randint(150, 200)
     n_paragraphs = rng.randint(3, 5)
     # Split the word budget into paragraphs, then each paragraph into sentences.
     cuts = sorted(rng.sample(range(30, target_words - 30), n_paragraphs - 1))
