@@ -924,13 +924,9 @@ def _private_env(proxy: str, scratch: Path, spec: Mapping[str, Any]) -> None:
     os.environ["RAY_SERVE_HAPROXY_SOCKET_PATH"] = str(scratch / "admin.sock")
     os.environ["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"] = str(scratch)
     os.environ["RAY_SERVE_HAPROXY_SERVER_STATE_FILE"] = str(scratch / "server-state")
-    for var in (
-        "RAY_SERVE_HAPROXY_STATS_PORT",
-        "RAY_SERVE_HAPROXY_METRICS_PORT",
-        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
-        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
-    ):
-        os.environ[var] = str(free_port())
+    from serve_app.launch import private_haproxy_ports
+
+    private_haproxy_ports()
     if spec["device"] == "cuda":
         os.environ["CUDA_VISIBLE_DEVICES"] = str(spec["gpu"])
     path = os.environ.get("PYTHONPATH", "")

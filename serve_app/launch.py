@@ -70,6 +70,30 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+HAPROXY_SIDE_PORT_VARS = (
+    "RAY_SERVE_HAPROXY_STATS_PORT",
+    "RAY_SERVE_HAPROXY_METRICS_PORT",
+    "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
+    "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
+)
+
+
+def free_port(host: str = DEFAULT_HOST) -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def private_haproxy_ports() -> dict[str, str]:
+    """Free ports for HAProxy's stats and metrics listeners and Serve's fallback proxy, which
+    are fixed by default (8404, 9101, 8500, 9500): set them in the environment before Ray
+    starts so that a second cluster on the machine does not collide with the first."""
+    ports = {var: str(free_port()) for var in HAPROXY_SIDE_PORT_VARS}
+    os.environ.update(ports)
+    return ports
+
+
 def start_ray(num_gpus: int, haproxy: bool, num_cpus: int | None = None) -> None:
     """A local Ray with every port on 127.0.0.1. Env vars are set first so that Serve's
     controller and proxy processes inherit them."""

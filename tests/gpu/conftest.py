@@ -68,13 +68,7 @@ def gpu_base_url() -> Iterator[str]:
     if os.environ.pop(nvml.FAKE_NVML_VAR, None) is not None or nvml.is_scripted():
         nvml.set_source(None)
     # HAProxy's side ports are fixed by default; free ones survive a leftover server.
-    for var in (
-        "RAY_SERVE_HAPROXY_STATS_PORT",
-        "RAY_SERVE_HAPROXY_METRICS_PORT",
-        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
-        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
-    ):
-        os.environ[var] = str(free_port())
+    launch.private_haproxy_ports()
     port = free_port()
     gpus = torch.cuda.device_count()
     t0 = time.monotonic()

@@ -84,13 +84,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     os.environ["SERVE_APP_FAKE_NVML"] = str(script)
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
     # HAProxy's side ports are fixed by default; free ones let this suite run beside a server.
-    for var in (
-        "RAY_SERVE_HAPROXY_STATS_PORT",
-        "RAY_SERVE_HAPROXY_METRICS_PORT",
-        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
-        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
-    ):
-        os.environ[var] = str(free_port())
+    launch.private_haproxy_ports()
     port = free_port()
     launch.start_ray(num_gpus=LOGICAL_GPUS, haproxy=True, num_cpus=LOGICAL_CPUS)
     from ray import serve

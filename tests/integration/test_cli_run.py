@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from serve_app.launch import HAPROXY_SIDE_PORT_VARS
 from tests.integration.conftest import free_port, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,13 +26,7 @@ def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
     config.write_text(yaml.safe_dump(doc))
     env = dict(os.environ)
     env.pop("SERVE_APP_FAKE_NVML", None)
-    for var in (
-        "RAY_SERVE_HAPROXY_STATS_PORT",
-        "RAY_SERVE_HAPROXY_METRICS_PORT",
-        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
-        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
-    ):
-        env[var] = str(free_port())
+    env.update({var: str(free_port()) for var in HAPROXY_SIDE_PORT_VARS})
     log = (tmp_path / "run.log").open("w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "serve_app", "run", str(config)],
