@@ -14,3 +14,11 @@ def ha_proxy_enabled() -> bool:
 
 def get(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
+
+
+HAPROXY_CONFIG_DEFAULT = "/tmp/haproxy-serve/haproxy.cfg"  # Ray Serve 2.60's default
+
+
+def haproxy_config_path() -> str:
+    """Where Serve's HAProxy writes its config (RAY_SERVE_HAPROXY_CONFIG_FILE_LOC)."""
+    return os.environ.get("RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", HAPROXY_CONFIG_DEFAULT)

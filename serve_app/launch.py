@@ -8,9 +8,11 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import shutil
 import socket
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -202,8 +204,13 @@ def shutdown() -> None:
 
     before: set[int] = set()
     node = ray._private.worker.global_worker.node if ray.is_initialized() else None
+    haproxy_dir: Path | None = None
     if node is not None:
         before = set(haproxy_pids(node.get_session_dir_path()))
+        # Serve's HAProxy keeps its config, socket and state files in a per-node folder
+        # beside its config path, and leaves it behind.
+        node_id = ray.get_runtime_context().get_node_id()
+        haproxy_dir = Path(env.haproxy_config_path()).parent / node_id
     try:
         if ray.is_initialized():
             serve.shutdown()
@@ -218,3 +225,5 @@ def shutdown() -> None:
             continue
         except psutil.TimeoutExpired:
             proc.kill()
+    if haproxy_dir is not None and haproxy_dir.is_dir():
+        shutil.rmtree(haproxy_dir, ignore_errors=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from serve_app.env import haproxy_config_path
 from serve_app.launch import HAPROXY_SIDE_PORT_VARS
 from tests.integration.conftest import free_port, wait_http
 
@@ -27,6 +28,8 @@ def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
     env = dict(os.environ)
     env.pop("SERVE_APP_FAKE_NVML", None)
     env.update({var: str(free_port()) for var in HAPROXY_SIDE_PORT_VARS})
+    haproxy_root = Path(haproxy_config_path()).parent
+    dirs_before = set(haproxy_root.iterdir()) if haproxy_root.is_dir() else set()
     log = (tmp_path / "run.log").open("w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "serve_app", "run", str(config)],
@@ -57,6 +60,9 @@ def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
         output = log.read()
     assert "No CUDA GPU found: serving on the CPU." in output, output[-3000:]
     assert f"serving at {url}" in output
+    # HAProxy's per-node folder went with it.
+    dirs_after = set(haproxy_root.iterdir()) if haproxy_root.is_dir() else set()
+    assert dirs_after <= dirs_before, dirs_after - dirs_before
     # Nothing is left listening on the port: no orphaned HAProxy.
     with httpx.Client() as client:
         try:
