@@ -5,18 +5,11 @@ from __future__ import annotations
 import os
 
 HA_PROXY_VAR = "RAY_SERVE_ENABLE_HA_PROXY"
-
-
-def ha_proxy_enabled() -> bool:
-    """Whether Ray Serve's HAProxy ingress is switched on in this process's environment."""
-    return os.environ.get(HA_PROXY_VAR, "0") == "1"
+HAPROXY_CONFIG_DEFAULT = "/tmp/haproxy-serve/haproxy.cfg"  # Ray Serve 2.60's default
 
 
 def get(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
-
-
-HAPROXY_CONFIG_DEFAULT = "/tmp/haproxy-serve/haproxy.cfg"  # Ray Serve 2.60's default
 
 
 def haproxy_config_path() -> str:
