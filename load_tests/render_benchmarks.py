@@ -80,7 +80,7 @@ def setup_row(
     cells = [
         SETUP_NAMES.get(key, key),
         _layout(setup),
-        fmt_rate(best.get("throughput_per_s")),
+        fmt_rate(best.get("items_per_s", best.get("throughput_per_s"))),
         fmt_ratio(setup.get("vs_ceiling")),
         fmt_ratio(app_vs) if key != "serve_app" else "1.00x",
         fmt_ms(mod.get("p50_s")),
@@ -96,13 +96,15 @@ def model_section(name: str, m: Mapping[str, Any]) -> list[str]:
     items = m.get("items", "items")
     rate = float(m.get("moderate_rate_per_s") or 0)
     target = m.get("p99_target_s")
+    per_request = int(m.get("inputs_per_request") or 1)
+    per = f"{items}/s ({per_request} per request)" if per_request > 1 else "req/s"
     lines = [
         f"### {MODEL_TITLES.get(name, name)}",
         "",
         f"Best sustained = highest throughput with p99 under {fmt_ms(target)} and under 1% "
         f"errors; p50/p99 at {fmt_rate(rate)} requests/s.",
         "",
-        f"| setup | replicas x GPU | best sustained req/s | x ceiling | serve_app x this | "
+        f"| setup | replicas x GPU | best sustained {per} | x ceiling | serve_app x this | "
         f"p50 @ {fmt_rate(rate)}/s | p99 @ {fmt_rate(rate)}/s | peak NVML GiB / replica | "
         "share GiB | status |",
         "|---|---|---|---|---|---|---|---|---|---|",

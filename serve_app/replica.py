@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve_app.adapters import make_adapter
 from serve_app.autoscale import replica_autoscaling_stats
+from serve_app.batcher import Batcher
 from serve_app.config import AppArgs, parse_args
 from serve_app.errors import (
     BadRequest,
@@ -131,9 +132,9 @@ class ModelServer:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
         self.calibration: Any = None
         self.batch_cap = self._initial_batch_cap()
-        batcher: Any = self._batched
-        batcher.set_max_batch_size(self.batch_cap)
-        batcher.set_batch_wait_timeout_s(self.args.batch_wait_timeout_s)
+        self._batcher: Batcher[Any, Any] = Batcher(
+            self._run_batch, self._executor, self.batch_cap, self.args.batch_wait_timeout_s
+        )
         self.oom_recoveries = 0
         self.batches = 0
         self.batched_items = 0
@@ -184,11 +185,6 @@ class ModelServer:
 
     # ---- batching -------------------------------------------------------------------------
 
-    @serve.batch(max_batch_size=CPU_DEFAULT_BATCH, batch_wait_timeout_s=0.005)
-    async def _batched(self, items: list[Any]) -> list[Any]:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._run_batch, items)
-
     def _run_batch(self, items: list[Any]) -> list[Any]:
         failed_sizes: list[int] = []
 
@@ -220,8 +216,7 @@ class ModelServer:
                 new_cap,
             )
             self.batch_cap = new_cap
-            batcher: Any = self._batched
-            batcher.set_max_batch_size(new_cap)
+            self._batcher.max_batch_size = new_cap
 
     # ---- HTTP -----------------------------------------------------------------------------
 
@@ -233,7 +228,7 @@ class ModelServer:
             request.headers.get("content-type", ""),
             dict(request.query_params),
         )
-        results = await asyncio.gather(*(self._batched(item) for item in decoded.items))
+        results = await self._batcher.submit(decoded.items)
         too_large = [r for r in results if isinstance(r, ItemTooLarge)]
         if too_large:
             budget = self.partition.budget
@@ -358,3 +353,4 @@ class ModelServer:
 
     def __del__(self) -> None:
         self._stop.set()
+        self._batcher.close()

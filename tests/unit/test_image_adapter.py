@@ -17,7 +17,13 @@ import torch
 from PIL import Image
 
 from serve_app.adapters import image as image_mod
-from serve_app.adapters.image import MEAN, STD, ImageClassifierAdapter, build_model
+from serve_app.adapters.image import (
+    MEAN,
+    STD,
+    ImageClassifierAdapter,
+    build_model,
+    to_model_input,
+)
 from serve_app.adapters.resnet import build_resnet
 from serve_app.config import parse_args
 from serve_app.errors import (
@@ -77,8 +83,8 @@ def test_decode_raw_body(fmt: str, ctype: str) -> None:
     adapter = make_adapter()
     decoded = adapter.decode(encode_image(fmt), ctype, {})
     assert len(decoded.items) == 1
-    assert decoded.items[0].shape == (3, 32, 32)
-    assert decoded.items[0].dtype == np.float32
+    assert decoded.items[0].shape == (32, 32, 3)
+    assert decoded.items[0].dtype == np.uint8
     assert decoded.meta["top_k"] == 5  # args.top_k default
 
 
@@ -97,8 +103,8 @@ def test_decode_json_base64_single_and_list() -> None:
     many = adapter.decode(body, "application/json", {})
     assert len(many.items) == 2
     # order kept: item 0 is red (channel 0 high), item 1 is blue (channel 2 high)
-    assert many.items[0][0].mean() > many.items[0][2].mean()
-    assert many.items[1][2].mean() > many.items[1][0].mean()
+    assert many.items[0][..., 0].mean() > many.items[0][..., 2].mean()
+    assert many.items[1][..., 2].mean() > many.items[1][..., 0].mean()
 
 
 def test_top_k_default_query_and_json() -> None:
@@ -218,10 +224,18 @@ def test_too_many_inputs_is_400() -> None:
 # ---- preprocessing --------------------------------------------------------------------------
 
 
+def model_input(item: np.ndarray) -> np.ndarray:
+    """One preprocessed item as the model sees it: CHW float32, normalised."""
+    batch = to_model_input(torch.from_numpy(item[None]), torch.device("cpu"), torch.float32)
+    return batch[0].numpy()
+
+
 def test_preprocess_shape_and_normalisation() -> None:
     color = (255, 0, 128)
     adapter = make_adapter(image_size=48)
-    (arr,) = adapter.decode(encode_image("PNG", size=(90, 70), color=color), "image/png", {}).items
+    (item,) = adapter.decode(encode_image("PNG", size=(90, 70), color=color), "image/png", {}).items
+    assert item.shape == (48, 48, 3) and item.dtype == np.uint8
+    arr = model_input(item)
     assert arr.shape == (3, 48, 48)
     expected = (np.array(color, dtype=np.float32) / 255.0 - MEAN) / STD
     for c in range(3):
@@ -235,7 +249,8 @@ def test_preprocess_centre_crop_of_a_wide_image() -> None:
     img.paste((255, 255, 255), (224, 0, 448, 224))
     buf = io.BytesIO()
     img.save(buf, format="PNG")
-    (arr,) = make_adapter(image_size=224).decode(buf.getvalue(), "image/png", {}).items
+    (item,) = make_adapter(image_size=224).decode(buf.getvalue(), "image/png", {}).items
+    arr = model_input(item)
     black, white = -MEAN / STD, (1 - MEAN) / STD
     np.testing.assert_allclose(arr[:, :, 0], np.repeat(black[:, None], 224, 1), atol=1e-5)
     np.testing.assert_allclose(arr[:, :, -1], np.repeat(white[:, None], 224, 1), atol=1e-5)
@@ -248,7 +263,7 @@ def test_preprocess_of_an_extreme_aspect_ratio_stays_small() -> None:
     # 4 x 20,000: resizing the whole strip first would make it 146 x 731,429 pixels.
     adapter = make_adapter(image_size=32)
     (arr,) = adapter.decode(encode_image("PNG", size=(4, 20_000)), "image/png", {}).items
-    assert arr.shape == (3, 32, 32)
+    assert arr.shape == (32, 32, 3)
 
 
 def test_preprocess_grayscale_and_rgba_png() -> None:
@@ -257,12 +272,12 @@ def test_preprocess_grayscale_and_rgba_png() -> None:
         buf = io.BytesIO()
         Image.new(mode, (40, 40), color).save(buf, format="PNG")
         (arr,) = adapter.decode(buf.getvalue(), "image/png", {}).items
-        assert arr.shape == (3, 32, 32)
+        assert arr.shape == (32, 32, 3)
 
 
 def test_worst_case_items_match_preprocessed_shape() -> None:
     items = make_adapter(image_size=40).worst_case_items(3)
-    assert len(items) == 3 and all(x.shape == (3, 40, 40) for x in items)
+    assert len(items) == 3 and all(x.shape == (40, 40, 3) for x in items)
 
 
 # ---- architecture and weights ---------------------------------------------------------------

@@ -405,7 +405,9 @@ def test_plain_baseline_preprocesses_exactly_like_serve_app() -> None:
     import numpy as np
 
     from load_tests import payloads
-    from serve_app.adapters.image import ImageClassifierAdapter
+    import torch
+
+    from serve_app.adapters.image import ImageClassifierAdapter, to_model_input
     from serve_app.config import parse_args
 
     adapter = ImageClassifierAdapter(
@@ -413,4 +415,6 @@ def test_plain_baseline_preprocesses_exactly_like_serve_app() -> None:
     )
     for seed in range(2):
         blob = payloads.image_bytes(224, "jpeg", seed)
-        np.testing.assert_array_equal(sbs.preprocess_image(blob), adapter._preprocess(blob, 0))
+        item = torch.from_numpy(adapter._preprocess(blob, 0)[None])
+        ours = to_model_input(item, torch.device("cpu"), torch.float32)[0].numpy()
+        np.testing.assert_allclose(sbs.preprocess_image(blob), ours, atol=1e-5)
