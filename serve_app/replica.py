@@ -139,6 +139,7 @@ class ModelServer:
         self.batches = 0
         self.batched_items = 0
         self.largest_batch = 0
+        self.batch_busy_s = 0.0  # time the model worker spent running batches
         self.started_at_s = time.time()
         self._stop = threading.Event()
         self._registry = get_registry()
@@ -186,6 +187,7 @@ class ModelServer:
     # ---- batching -------------------------------------------------------------------------
 
     def _run_batch(self, items: list[Any]) -> list[Any]:
+        started_s = time.perf_counter()
         failed_sizes: list[int] = []
 
         def on_oom(failed_batch_size: int) -> None:
@@ -204,6 +206,7 @@ class ModelServer:
         self.batched_items += len(items)
         self.largest_batch = max(self.largest_batch, len(items))
         self.partition.after_batch()
+        self.batch_busy_s += time.perf_counter() - started_s
         return outputs
 
     def _lower_batch_cap(self, failed_batch_size: int) -> None:
@@ -334,6 +337,8 @@ class ModelServer:
                 "batches": self.batches,
                 "batched_items": self.batched_items,
                 "largest_batch": self.largest_batch,
+                "batch_busy_s": round(self.batch_busy_s, 6),
+                "queued_items": self._batcher.queued,
                 "reported_at_s": time.time(),
             }
         )
