@@ -85,7 +85,19 @@ class AppArgs(BaseModel):
         description="Cap on the dynamic batch size. On a GPU, calibration picks the largest "
         "batch that fits the budget and this caps it; on the CPU it defaults to 32.",
     )
-    batch_wait_timeout_s: float = Field(default=0.005, ge=0, le=10)
+    batch_wait_timeout_s: float = Field(
+        default=0.005,
+        ge=0,
+        le=10,
+        description="How long a batch may wait for more inputs after its first arrived; a "
+        "backlog runs at once.",
+    )
+    warmup: bool = Field(
+        default=True,
+        description="On a GPU, run batches of the shapes traffic brings (batch sizes, and "
+        "token lengths for embeddings) before serving, so first requests do not pay for "
+        "CUDA's lazy kernel loading.",
+    )
     max_inputs_per_request: int = Field(default=128, ge=1, le=65536)
     max_input_tokens: int | None = Field(
         default=None,

@@ -132,6 +132,7 @@ class ModelServer:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
         self.calibration: Any = None
         self.batch_cap = self._initial_batch_cap()
+        self.warmup_s = self._warm_up()
         self._batcher: Batcher[Any, Any] = Batcher(
             self._run_batch, self._executor, self.batch_cap, self.args.batch_wait_timeout_s
         )
@@ -183,6 +184,31 @@ class ModelServer:
         limit = min(mem.calibration_max_batch_size, configured or mem.calibration_max_batch_size)
         self.calibration = calibrate_batch_size(self.adapter, self.partition, limit)
         return int(self.calibration.batch_size)
+
+    def _warm_up(self) -> float | None:
+        """Run the adapter's warm-up batches on the GPU; seconds taken, or None if skipped."""
+        if not (self.partition.on_gpu and self.args.warmup):
+            return None
+        t0 = time.perf_counter()
+        batches = self.adapter.warmup_batches(self.batch_cap)
+        try:
+            for batch in batches:
+                self.adapter.predict(batch)
+            torch.cuda.synchronize(self.partition.device)
+        except Exception as exc:
+            if not is_torch_oom(exc):
+                raise
+            del exc  # the traceback pins the batch's tensors
+            raise StartupError(
+                f"warm-up ran out of memory at a batch of up to {self.batch_cap} inputs under "
+                "this replica's GPU memory cap: lower args.max_batch_size, turn on "
+                "args.memory.calibrate, or give the replica more memory (num_gpus)"
+            ) from None
+        self.partition.free_cache(count=False)
+        torch.cuda.reset_peak_memory_stats(self.partition.device)
+        elapsed_s = time.perf_counter() - t0
+        logger.info("warm-up: %d batches in %.2f s", len(batches), elapsed_s)
+        return elapsed_s
 
     # ---- batching -------------------------------------------------------------------------
 
@@ -338,6 +364,7 @@ class ModelServer:
                 "batched_items": self.batched_items,
                 "largest_batch": self.largest_batch,
                 "batch_busy_s": round(self.batch_busy_s, 6),
+                "warmup_s": self.warmup_s,
                 "queued_items": self._batcher.queued,
                 "reported_at_s": time.time(),
             }

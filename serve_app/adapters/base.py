@@ -43,8 +43,20 @@ class ModelAdapter(Protocol):
     def worst_case_items(self, n: int) -> list[Any]:
         """``n`` decoded items of the largest size a request may carry (for calibration)."""
 
+    def warmup_batches(self, max_batch_size: int) -> list[list[Any]]:
+        """Batches covering the shapes traffic brings, run once before serving."""
+
     def describe(self) -> dict[str, Any]:
         """What ``GET /v1/models`` shows about this model."""
+
+
+def pow2_sizes(limit: int) -> list[int]:
+    """1, 2, 4, ... up to ``limit``, and ``limit`` itself."""
+    sizes, n = [], 1
+    while n < limit:
+        sizes.append(n)
+        n *= 2
+    return [*sizes, max(1, limit)]
 
 
 def resolve_dtype(args: AppArgs, device: torch.device) -> torch.dtype:

@@ -17,12 +17,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from serve_app.adapters.base import Decoded, resolve_dtype
+from serve_app.adapters.base import Decoded, pow2_sizes, resolve_dtype
 from serve_app.adapters.jsonbody import check_model, parse_json_object, string_list
 from serve_app.config import AppArgs
 from serve_app.errors import BadRequest, ConfigError
 
 logger = logging.getLogger("serve_app")
+
+# Batches are padded to a multiple of this many tokens: fewer distinct shapes (each new one
+# costs a kernel load on first use) and tensor-core-friendly sizes.
+PAD_MULTIPLE = 8
+# Token lengths the warm-up runs (up to the model's limit).
+WARMUP_LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 SKELETON_DIR = Path(__file__).resolve().parent.parent / "models" / "minilm-skeleton"
 
@@ -60,6 +66,7 @@ class EmbeddingAdapter:
         self.model: torch.nn.Module | None = None
         self.device = torch.device("cpu")
         self.dim = 0
+        self.max_positions = self.max_tokens
 
     def _resolve_dir(self) -> Path:
         if self.args.model_path:
@@ -98,6 +105,7 @@ class EmbeddingAdapter:
         self.model = model.to(device=device, dtype=dtype).eval()
         self.device = device
         self.dim = int(model.config.hidden_size)
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", self.max_tokens))
 
     def decode(self, body: bytes, content_type: str, query: dict[str, str]) -> Decoded:
         doc = parse_json_object(body)
@@ -129,6 +137,8 @@ class EmbeddingAdapter:
     def predict(self, items: Sequence[list[int]]) -> list[np.ndarray]:
         assert self.model is not None, "setup() must run before predict()"
         longest = max(len(ids) for ids in items)
+        padded = -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE
+        longest = max(longest, min(padded, self.max_positions))
         ids = torch.full((len(items), longest), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(items), longest), dtype=torch.long)
         for row, seq in enumerate(items):
@@ -172,6 +182,10 @@ class EmbeddingAdapter:
         sep_id = int(self.tokenizer.sep_token_id or 102)
         body = [1000] * (self.max_tokens - 2)
         return [[cls_id, *body, sep_id] for _ in range(n)]
+
+    def warmup_batches(self, max_batch_size: int) -> list[list[list[int]]]:
+        lengths = [n for n in WARMUP_LENGTHS if n < self.max_tokens] + [self.max_tokens]
+        return [[[1000] * n] * b for n in lengths for b in pow2_sizes(max_batch_size)]
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -403,10 +403,9 @@ def test_render_markdown_of_an_empty_run() -> None:
 
 def test_plain_baseline_preprocesses_exactly_like_serve_app() -> None:
     import numpy as np
-
-    from load_tests import payloads
     import torch
 
+    from load_tests import payloads
     from serve_app.adapters.image import ImageClassifierAdapter, to_model_input
     from serve_app.config import parse_args
 
