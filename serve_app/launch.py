@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import random
 import shutil
 import socket
 import time
@@ -87,11 +88,39 @@ def free_port(host: str = DEFAULT_HOST) -> int:
         return int(sock.getsockname()[1])
 
 
+# HAProxy's side ports come from here: above Ray's worker ports (10002-19999), below Serve's
+# replica ports (30000 up) and the kernel's ephemeral range (32768 up). An ephemeral port that
+# was free a moment ago can be taken by any outgoing connection before HAProxy binds it (seen
+# on the GPU host with two clusters starting at once); nothing takes these without binding.
+SIDE_PORT_RANGE = (20000, 29999)
+
+
+def side_port(taken: set[int], attempts: int = 200) -> int:
+    """A port in SIDE_PORT_RANGE, not in ``taken``, that binds on every interface now."""
+    for _ in range(attempts):
+        port = random.randint(*SIDE_PORT_RANGE)
+        if port in taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("0.0.0.0", port))  # HAProxy's stats listeners bind all interfaces
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(
+        f"no free port in {SIDE_PORT_RANGE[0]}-{SIDE_PORT_RANGE[1]} for HAProxy's side "
+        f"listeners after {attempts} tries; set RAY_SERVE_HAPROXY_* ports yourself"
+    )
+
+
 def private_haproxy_ports() -> dict[str, str]:
     """Free ports for HAProxy's stats and metrics listeners and Serve's fallback proxy, which
     are fixed by default (8404, 9101, 8500, 9500): set them in the environment before Ray
     starts so that a second cluster on the machine does not collide with the first."""
-    ports = {var: str(free_port()) for var in HAPROXY_SIDE_PORT_VARS}
+    taken: set[int] = set()
+    for _ in HAPROXY_SIDE_PORT_VARS:
+        taken.add(side_port(taken))
+    ports = dict(zip(HAPROXY_SIDE_PORT_VARS, (str(p) for p in sorted(taken)), strict=True))
     os.environ.update(ports)
     return ports
 

@@ -191,23 +191,33 @@ class ModelServer:
             return None
         t0 = time.perf_counter()
         batches = self.adapter.warmup_batches(self.batch_cap)
-        try:
-            for batch in batches:
+        too_big: int | None = None  # batch size that ran out of memory: skip it and larger
+        ran = 0
+        for batch in batches:
+            if too_big is not None and len(batch) >= too_big:
+                continue
+            try:
                 self.adapter.predict(batch)
-            torch.cuda.synchronize(self.partition.device)
-        except Exception as exc:
-            if not is_torch_oom(exc):
-                raise
-            del exc  # the traceback pins the batch's tensors
-            raise StartupError(
-                f"warm-up ran out of memory at a batch of up to {self.batch_cap} inputs under "
-                "this replica's GPU memory cap: lower args.max_batch_size, turn on "
-                "args.memory.calibrate, or give the replica more memory (num_gpus)"
-            ) from None
+                torch.cuda.synchronize(self.partition.device)
+                ran += 1
+            except Exception as exc:
+                if not is_torch_oom(exc):
+                    raise
+                del exc  # the traceback pins the batch's tensors
+                too_big = len(batch)
+                self.partition.free_cache(count=False)
+        if too_big is not None:
+            # Serving still works: a batch that does not fit is split at run time (oom.py).
+            logger.warning(
+                "warm-up: batches of %d inputs ran out of memory under the cap and were skipped; "
+                "at run time such batches are split and the batch cap lowered. Calibration "
+                "(memory.calibrate: true) picks a batch cap that fits",
+                too_big,
+            )
         self.partition.free_cache(count=False)
         torch.cuda.reset_peak_memory_stats(self.partition.device)
         elapsed_s = time.perf_counter() - t0
-        logger.info("warm-up: %d batches in %.2f s", len(batches), elapsed_s)
+        logger.info("warm-up: %d batches in %.2f s", ran, elapsed_s)
         return elapsed_s
 
     # ---- batching -------------------------------------------------------------------------
@@ -307,7 +317,7 @@ class ModelServer:
 
     @api.get("/v1/memory", summary="Per-replica GPU memory figures (integer bytes)")
     async def memory(self) -> JSONResponse:
-        self._publish()
+        await self._publish()  # the registry runs calls concurrently: ours must land first
         reports = await self._registry.all.remote(REPORT_MAX_AGE_S)
         gpus, controller, errors = await asyncio.to_thread(cluster_view, reports)
         return JSONResponse(
@@ -371,10 +381,11 @@ class ModelServer:
         )
         return figures
 
-    def _publish(self) -> None:
+    def _publish(self) -> Any:
+        """Post this replica's report; the returned ref resolves once the registry has it."""
         report = self.report()
         self._metrics.update(report)
-        self._registry.put.remote(self.replica_id, report)
+        return self._registry.put.remote(self.replica_id, report)
 
     def _report_loop(self) -> None:
         while not self._stop.wait(REPORT_PERIOD_S):
@@ -384,5 +395,10 @@ class ModelServer:
                 logger.exception("memory report failed")
 
     def __del__(self) -> None:
-        self._stop.set()
-        self._batcher.close()
+        # __init__ may have failed part-way (e.g. the model did not fit): stop what exists.
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()
+        batcher = getattr(self, "_batcher", None)
+        if batcher is not None:
+            batcher.close()
