@@ -162,6 +162,9 @@ def test_concurrent_requests_are_batched(emb: str) -> None:
     report = httpx.get(f"{emb}/v1/memory").json()
     mine = [r for r in report["replicas"] if r["app"] == MODEL]
     assert mine and max(r["largest_batch"] for r in mine) > 1, mine
+    for r in mine:
+        # the model worker's busy time is counted; nothing is left queued
+        assert r["batch_busy_s"] > 0 and r["queued_items"] == 0, r
     # Bad input never took the replica down: it still serves.
     assert embed(emb, "still alive").status_code == 200
 
