@@ -226,7 +226,7 @@ def test_too_many_inputs_is_400() -> None:
 
 def model_input(item: np.ndarray) -> np.ndarray:
     """One preprocessed item as the model sees it: CHW float32, normalised."""
-    batch = to_model_input(torch.from_numpy(item[None]), torch.device("cpu"), torch.float32)
+    batch = to_model_input(torch.from_numpy(np.stack([item])), torch.device("cpu"), torch.float32)
     return batch[0].numpy()
 
 

@@ -3,6 +3,7 @@ count as sustained, the sweep plan, ratios, memory peaks, cluster plan, merging,
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 from typing import Any
 
@@ -138,6 +139,57 @@ def test_sweep_ends_at_max_rate() -> None:
 def test_sweep_first_point_failing_probes_lower_once() -> None:
     assert run_plan(10, start=100, factor=2, refine=1) == [100, 25]
     assert run_plan(10, start=100, factor=2, refine=0) == [100]
+
+
+class ScriptedLoad:
+    """A LoadClient stand-in: each rate's runs pass or fail (p99) as scripted, in order."""
+
+    def __init__(self, outcomes: dict[float, list[bool]]) -> None:
+        self.outcomes = {r: list(v) for r, v in outcomes.items()}
+        self.calls: list[float] = []
+
+    def point(self, requests: Any, rate: float, *args: Any) -> dict[str, Any]:
+        self.calls.append(rate)
+        runs = self.outcomes.get(rate, [rate <= 400])
+        ok = runs.pop(0) if len(runs) > 1 else runs[0]
+        return summary(rate, p99=0.05 if ok else 0.5)
+
+
+SWEEP_CFG = {
+    "warmup_s": 0.0,
+    "duration_s": 0.0,
+    "moderate_rate": 100.0,
+    "rate_factor": 2.0,
+    "max_rate": 1e9,
+    "refine": 1,
+    "max_error_rate": 0.01,
+    "pause_after_fail_s": 0.0,
+    "seed": 0,
+}
+
+
+def run_sweep(load: ScriptedLoad, retries: int) -> list[dict[str, Any]]:
+    cfg = {**SWEEP_CFG, "retries": retries}
+    return sbs.sweep(load, [], cfg, p99_target_s=0.1, deadline=time.time() + 60, label="t")
+
+
+def test_a_failing_rate_is_run_again_and_a_passing_rerun_counts() -> None:
+    # 200/s stalls once, then passes: the sweep goes on up to the real limit (400).
+    load = ScriptedLoad({200.0: [False, True]})
+    points = run_sweep(load, retries=1)
+    assert load.calls == [100, 200, 200, 400, 800, 800, 566, 566]
+    assert [p.get("retry") for p in points] == [None, None, 1, None, None, 1, None, 1]
+    best = sbs.best_sustained(points, 0.1)
+    assert best is not None and best["offered_rate_per_s"] == 400
+    # point_at reports the re-run, whose verdict the sweep used
+    assert sbs.point_at(points[:3], 200)["p99_s"] == 0.05
+
+
+def test_without_retries_one_stall_ends_the_climb() -> None:
+    load = ScriptedLoad({200.0: [False, True]})
+    points = run_sweep(load, retries=0)
+    assert load.calls == [100, 200, 141]
+    assert sbs.best_sustained(points, 0.1)["offered_rate_per_s"] == 141
 
 
 def test_sweep_stops_when_bracket_is_tight() -> None:
@@ -414,6 +466,6 @@ def test_plain_baseline_preprocesses_exactly_like_serve_app() -> None:
     )
     for seed in range(2):
         blob = payloads.image_bytes(224, "jpeg", seed)
-        item = torch.from_numpy(adapter._preprocess(blob, 0)[None])
+        item = torch.from_numpy(np.stack([adapter._preprocess(blob, 0)]))
         ours = to_model_input(item, torch.device("cpu"), torch.float32)[0].numpy()
         np.testing.assert_allclose(sbs.preprocess_image(blob), ours, atol=1e-5)
