@@ -942,6 +942,12 @@ def _private_env(proxy: str, scratch: Path, spec: Mapping[str, Any]) -> None:
     """Environment for this worker's Ray cluster; set before ray.init so every Ray process
     (and Serve's constants in this driver) sees it."""
     os.environ["RAY_SERVE_ENABLE_HA_PROXY"] = "1" if proxy == "haproxy" else "0"
+    # serve_app's cluster runs as `serve-app run` starts Ray (user code on Serve's own loop);
+    # plain Ray Serve keeps Ray's default.
+    serve_app_here = any(
+        SETUPS[j["setup"]]["server"] == "serve_app" for j in spec["jobs"] if "setup" in j
+    )
+    os.environ["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] = "0" if serve_app_here else "1"
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")

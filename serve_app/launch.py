@@ -88,6 +88,13 @@ def free_port(host: str = DEFAULT_HOST) -> int:
         return int(sock.getsockname()[1])
 
 
+# Run the replica's request handlers on the event loop of Serve's own HTTP server instead of a
+# second loop in another thread. serve_app's handlers never block their loop (decoding runs in a
+# thread, batches in the predict thread, and Serve runs sync methods such as check_health in
+# its thread pool), so the second loop only added a cross-thread hop to every request:
+# measured on 2 CPU cores, 5.73 -> 5.05 ms of replica CPU per request and +12% requests/s.
+SAME_THREAD_VAR = "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"
+
 # HAProxy's side ports come from here: above Ray's worker ports (10002-19999), below Serve's
 # replica ports (30000 up) and the kernel's ephemeral range (32768 up). An ephemeral port that
 # was free a moment ago can be taken by any outgoing connection before HAProxy binds it (seen
@@ -136,6 +143,7 @@ def start_ray(num_gpus: int, haproxy: bool, num_cpus: int | None = None) -> None
     # HAProxy keeps a removed replica draining for 30 s by default; on one node its config
     # reloads in well under a second, and a long drain makes Ctrl-C slow.
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
+    os.environ.setdefault(SAME_THREAD_VAR, "0")
     ray.init(
         address="local",
         num_cpus=num_cpus,

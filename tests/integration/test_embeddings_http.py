@@ -188,3 +188,29 @@ def test_memory_figures_are_ray_metrics(emb: str) -> None:
     lines = [ln for ln in text.splitlines() if ln.startswith("ray_serve_app_max_batch_size")]
     assert lines, text[-2000:]
     assert any(ln.rstrip().endswith(" 16.0") for ln in lines), lines
+
+
+def test_replicas_run_user_code_on_serves_own_loop(emb: str) -> None:
+    """launch.start_ray sets RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0 before Ray starts, so
+    every Ray process (replicas included) reads it; the replica still serves concurrently."""
+    import ray
+
+    from serve_app.launch import SAME_THREAD_VAR
+
+    @ray.remote(num_cpus=0)
+    def read_env() -> str | None:
+        import os
+
+        return os.environ.get(SAME_THREAD_VAR)
+
+    assert ray.get(read_env.remote()) == "0"
+    with httpx.Client(timeout=60.0) as client, ThreadPoolExecutor(max_workers=20) as pool:
+        codes = list(
+            pool.map(
+                lambda i: client.post(
+                    f"{emb}/v1/embeddings", json={"input": f"loop {i}", "model": MODEL}
+                ).status_code,
+                range(40),
+            )
+        )
+    assert codes == [200] * 40
