@@ -37,6 +37,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.helpers import wait_http
+
 pytestmark = pytest.mark.gpu
 
 MIB = 1 << 20
@@ -149,21 +151,6 @@ def wait_status(name: str, wanted: set[str], timeout_s: float) -> tuple[str, str
     raise AssertionError(
         f"application {name} not {wanted} after {timeout_s:.0f} s: {status}\n{message}"
     )
-
-
-def wait_http(url: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    last = ""
-    while time.monotonic() < deadline:
-        try:
-            resp = httpx.get(url, timeout=5.0)
-            if resp.status_code == 200:
-                return
-            last = f"{resp.status_code} {resp.text[:200]}"
-        except httpx.HTTPError as exc:
-            last = repr(exc)
-        time.sleep(0.3)
-    raise AssertionError(f"{url} not answering 200 after {timeout_s:.0f} s: {last}")
 
 
 def deploy_and_wait(

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+
+from tests.helpers import wait_http
 
 LOGICAL_GPUS = 1
 LOGICAL_CPUS = 8
@@ -58,21 +59,6 @@ class Cluster:
         from ray import serve
 
         serve.delete(name)
-
-
-def wait_http(url: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    last = ""
-    while time.monotonic() < deadline:
-        try:
-            resp = httpx.get(url, timeout=5.0)
-            if resp.status_code == 200:
-                return
-            last = f"{resp.status_code} {resp.text[:200]}"
-        except httpx.HTTPError as exc:
-            last = str(exc)
-        time.sleep(0.3)
-    raise TimeoutError(f"{url} not answering 200 after {timeout_s} s: {last}")
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,8 @@ import yaml
 
 from serve_app.env import haproxy_config_path
 from serve_app.launch import HAPROXY_SIDE_PORT_VARS
-from tests.integration.conftest import free_port, wait_http
+from tests.helpers import wait_http
+from tests.integration.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

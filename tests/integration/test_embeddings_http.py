@@ -207,9 +207,11 @@ def test_replicas_run_user_code_on_serves_own_loop(emb: str) -> None:
     with httpx.Client(timeout=60.0) as client, ThreadPoolExecutor(max_workers=20) as pool:
         codes = list(
             pool.map(
-                lambda i: client.post(
-                    f"{emb}/v1/embeddings", json={"input": f"loop {i}", "model": MODEL}
-                ).status_code,
+                lambda i: (
+                    client.post(
+                        f"{emb}/v1/embeddings", json={"input": f"loop {i}", "model": MODEL}
+                    ).status_code
+                ),
                 range(40),
             )
         )
