@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -304,6 +305,54 @@ class Partition:
         }
 
 
+def run_fits(adapter: Any, partition: Partition, batch: list[Any]) -> bool:
+    """Run one batch under the cap and wait for the GPU; False, with the cache freed, when it
+    ran out of memory (any other error re-raises)."""
+    from serve_app.oom import is_torch_oom
+
+    try:
+        adapter.predict(batch)
+        torch.cuda.synchronize(partition.device)
+    except Exception as exc:  # noqa: BLE001 - only OOM is expected; others re-raise
+        if not is_torch_oom(exc):
+            raise
+        del exc  # drop the traceback: it pins the failed attempt's tensors
+        partition.free_cache(count=False)
+        return False
+    return True
+
+
+def warm_up(adapter: Any, partition: Partition, max_batch_size: int) -> float:
+    """Run the adapter's warm-up batches (the shapes traffic brings) so that first requests do
+    not pay for CUDA's lazy kernel loading; the seconds it took.
+
+    A batch size that runs out of memory is skipped with every larger one: serving still works,
+    since a batch that does not fit is split at run time (oom.py).
+    """
+    t0 = time.perf_counter()
+    too_big: int | None = None
+    ran = 0
+    for batch in adapter.warmup_batches(max_batch_size):
+        if too_big is not None and len(batch) >= too_big:
+            continue
+        if run_fits(adapter, partition, batch):
+            ran += 1
+        else:
+            too_big = len(batch)
+    if too_big is not None:
+        logger.warning(
+            "warm-up: batches of %d inputs ran out of memory under the cap and were skipped; "
+            "at run time such batches are split and the batch cap lowered. Calibration "
+            "(memory.calibrate: true) picks a batch cap that fits",
+            too_big,
+        )
+    partition.free_cache(count=False)
+    torch.cuda.reset_peak_memory_stats(partition.device)
+    elapsed_s = time.perf_counter() - t0
+    logger.info("warm-up: %d batches in %.2f s", ran, elapsed_s)
+    return elapsed_s
+
+
 def calibrate_batch_size(adapter: Any, partition: Partition, max_batch_size: int) -> Any:
     """Run worst-case batches of doubling size under the cap; the largest that fits wins.
 
@@ -311,7 +360,6 @@ def calibrate_batch_size(adapter: Any, partition: Partition, max_batch_size: int
     peak reserved bytes plus the non-torch overhead measured at start-up.
     """
     from serve_app.calibrate import find_max_batch
-    from serve_app.oom import is_torch_oom
 
     assert partition.budget is not None
     budget = partition.budget
@@ -320,17 +368,9 @@ def calibrate_batch_size(adapter: Any, partition: Partition, max_batch_size: int
     def probe(n: int) -> int | None:
         partition.free_cache(count=False)
         torch.cuda.reset_peak_memory_stats(device)
-        try:
-            adapter.predict(adapter.worst_case_items(n))
-            torch.cuda.synchronize(device)
-        except Exception as exc:  # noqa: BLE001 - only OOM is expected; others re-raise
-            if not is_torch_oom(exc):
-                raise
-            del exc  # drop the traceback: it pins the failed attempt's tensors
-            partition.free_cache(count=False)
+        if not run_fits(adapter, partition, adapter.worst_case_items(n)):
             return None
-        peak = int(torch.cuda.max_memory_reserved(device)) + budget.overhead_bytes
-        return peak
+        return int(torch.cuda.max_memory_reserved(device)) + budget.overhead_bytes
 
     result = find_max_batch(probe, budget_bytes=budget.cap_bytes, max_batch_size=max_batch_size)
     partition.free_cache(count=False)

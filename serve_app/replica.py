@@ -35,7 +35,7 @@ from serve_app.memory import format_bytes
 from serve_app.metrics import ReplicaMetrics
 from serve_app.monitor import get_or_create_monitor
 from serve_app.oom import ItemTooLarge, is_torch_oom, lowered_batch_cap, predict_with_oom_split
-from serve_app.partition import Partition, calibrate_batch_size
+from serve_app.partition import Partition, calibrate_batch_size, warm_up
 from serve_app.registry import get_registry
 from serve_app.status import cluster_view
 
@@ -186,39 +186,11 @@ class ModelServer:
         return int(self.calibration.batch_size)
 
     def _warm_up(self) -> float | None:
-        """Run the adapter's warm-up batches on the GPU; seconds taken, or None if skipped."""
+        """The adapter's warm-up batches on the GPU (partition.warm_up); seconds taken, or None
+        when skipped (a CPU, or ``warmup: false``)."""
         if not (self.partition.on_gpu and self.args.warmup):
             return None
-        t0 = time.perf_counter()
-        batches = self.adapter.warmup_batches(self.batch_cap)
-        too_big: int | None = None  # batch size that ran out of memory: skip it and larger
-        ran = 0
-        for batch in batches:
-            if too_big is not None and len(batch) >= too_big:
-                continue
-            try:
-                self.adapter.predict(batch)
-                torch.cuda.synchronize(self.partition.device)
-                ran += 1
-            except Exception as exc:
-                if not is_torch_oom(exc):
-                    raise
-                del exc  # the traceback pins the batch's tensors
-                too_big = len(batch)
-                self.partition.free_cache(count=False)
-        if too_big is not None:
-            # Serving still works: a batch that does not fit is split at run time (oom.py).
-            logger.warning(
-                "warm-up: batches of %d inputs ran out of memory under the cap and were skipped; "
-                "at run time such batches are split and the batch cap lowered. Calibration "
-                "(memory.calibrate: true) picks a batch cap that fits",
-                too_big,
-            )
-        self.partition.free_cache(count=False)
-        torch.cuda.reset_peak_memory_stats(self.partition.device)
-        elapsed_s = time.perf_counter() - t0
-        logger.info("warm-up: %d batches in %.2f s", ran, elapsed_s)
-        return elapsed_s
+        return warm_up(self.adapter, self.partition, self.batch_cap)
 
     # ---- batching -------------------------------------------------------------------------
 

@@ -1,11 +1,14 @@
 """Warm-up batches: the shapes traffic brings, within the batch cap and the token limit."""
 
 import numpy as np
+import pytest
+import torch
 
 from serve_app.adapters.base import pow2_sizes
 from serve_app.adapters.embeddings import EmbeddingAdapter
 from serve_app.adapters.image import ImageClassifierAdapter
 from serve_app.config import parse_args
+from serve_app.partition import warm_up
 
 
 def test_pow2_sizes() -> None:
@@ -40,3 +43,52 @@ def test_image_warmup_is_worst_case_items_at_each_size() -> None:
     batches = adapter.warmup_batches(5)
     assert [len(b) for b in batches] == [1, 2, 4, 5]
     assert all(x.shape == (32, 32, 3) and x.dtype == np.uint8 for b in batches for x in b)
+
+
+class _FakePartition:
+    device = "cuda:0"
+
+    def __init__(self) -> None:
+        self.frees = 0
+
+    def free_cache(self, count: bool = True) -> None:
+        self.frees += 1
+
+
+class _OomAbove:
+    """An adapter whose batches of ``limit`` or more inputs run out of GPU memory."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.ran: list[int] = []
+
+    def warmup_batches(self, max_batch_size: int) -> list[list[int]]:
+        return [[0] * b for _ in range(2) for b in pow2_sizes(max_batch_size)]
+
+    def predict(self, batch: list[int]) -> list[int]:
+        if len(batch) >= self.limit:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        self.ran.append(len(batch))
+        return batch
+
+
+def test_warm_up_skips_sizes_that_run_out_of_memory(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    adapter, part = _OomAbove(limit=8), _FakePartition()
+    warm_up(adapter, part, 32)  # type: ignore[arg-type]
+    # 1, 2, 4 run for each of the two "lengths"; 8 fails once and 8+ are never tried again
+    assert adapter.ran == [1, 2, 4, 1, 2, 4]
+    assert part.frees == 2  # once after the OOM, once at the end
+    assert "batches of 8 inputs ran out of memory" in caplog.text
+
+
+class _BadWeights(_OomAbove):
+    def predict(self, batch: list[int]) -> list[int]:
+        raise ValueError("bad weights")
+
+
+def test_warm_up_re_raises_errors_other_than_oom(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    with pytest.raises(ValueError, match="bad weights"):
+        warm_up(_BadWeights(limit=1), _FakePartition(), 4)  # type: ignore[arg-type]
