@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import io
 import logging
 import os
@@ -42,6 +43,15 @@ IMAGE_TYPES = ("image/jpeg", "image/png")
 DECODE_THREADS = min(4, os.cpu_count() or 1)
 
 
+@functools.lru_cache(maxsize=8)
+def _norm_constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """MEAN and STD as (1, 3, 1, 1) tensors on ``device``, made once per device rather than
+    copied to it with every batch."""
+    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
+    return mean, std
+
+
 def to_model_input(
     batch_u8: torch.Tensor, device: torch.device, dtype: torch.dtype
 ) -> torch.Tensor:
@@ -51,8 +61,7 @@ def to_model_input(
     in float32 before the cast, so the result matches torchvision's CPU transform.
     """
     x = batch_u8.to(device, non_blocking=True).permute(0, 3, 1, 2).float()
-    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
-    std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
+    mean, std = _norm_constants(device)
     x = ((x / 255.0) - mean) / std
     fmt = torch.channels_last if device.type == "cuda" else torch.contiguous_format
     return x.to(dtype).contiguous(memory_format=fmt)
