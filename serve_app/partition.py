@@ -353,6 +353,53 @@ def warm_up(adapter: Any, partition: Partition, max_batch_size: int) -> float:
     return elapsed_s
 
 
+def graph_batch_limit(args: AppArgs) -> int:
+    """The largest batch captured as a CUDA graph: ``cuda_graph_max_batch_size``, within
+    ``max_batch_size`` when that is set."""
+    return min(
+        args.cuda_graph_max_batch_size, args.max_batch_size or args.cuda_graph_max_batch_size
+    )
+
+
+def capture_graphs(adapter: Any, partition: Partition, max_batch_size: int) -> dict[str, Any]:
+    """The adapter's forward pass as CUDA graphs for batches up to ``max_batch_size``; what was
+    captured (``GraphSet.describe``).
+
+    Raises:
+        StartupError: capture failed for another reason than memory; the message names the
+            model and the way out (shapes that run out of memory are skipped, with a warning).
+    """
+    from serve_app.graphs import GraphCaptureError
+
+    before = torch.cuda.memory_reserved(partition.device)
+    try:
+        graphs = adapter.capture_graphs(max_batch_size)
+    except GraphCaptureError as exc:
+        raise StartupError(
+            f"CUDA graph capture of {adapter.args.model_name!r} failed ({exc}); set "
+            "args.cuda_graphs: false to run this model eagerly"
+        ) from None
+    torch.cuda.synchronize(partition.device)
+    partition.free_cache(count=False)  # the eager runs before each capture
+    info = graphs.describe()
+    info["pool_bytes"] = torch.cuda.memory_reserved(partition.device) - before
+    logger.info(
+        "CUDA graphs: %d captured in %.2f s (batches up to %d; %s reserved)",
+        info["graphs"],
+        info["capture_s"],
+        max_batch_size,
+        format_bytes(max(0, info["pool_bytes"])),
+    )
+    if info["skipped_out_of_memory"]:
+        logger.warning(
+            "CUDA graphs: %d shapes ran out of memory under the cap while captured and run "
+            "eagerly instead; lower args.cuda_graph_max_batch_size to skip them, or raise the "
+            "replica's memory share",
+            info["skipped_out_of_memory"],
+        )
+    return info
+
+
 def calibrate_batch_size(adapter: Any, partition: Partition, max_batch_size: int) -> Any:
     """Run worst-case batches of doubling size under the cap; the largest that fits wins.
 

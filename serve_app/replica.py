@@ -35,7 +35,13 @@ from serve_app.memory import format_bytes
 from serve_app.metrics import ReplicaMetrics
 from serve_app.monitor import get_or_create_monitor
 from serve_app.oom import ItemTooLarge, is_torch_oom, lowered_batch_cap, predict_with_oom_split
-from serve_app.partition import Partition, calibrate_batch_size, warm_up
+from serve_app.partition import (
+    Partition,
+    calibrate_batch_size,
+    capture_graphs,
+    graph_batch_limit,
+    warm_up,
+)
 from serve_app.registry import get_registry
 from serve_app.status import cluster_view
 
@@ -131,6 +137,8 @@ class ModelServer:
         self._setup_adapter()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
         self.calibration: Any = None
+        # Graphs first: their memory pool stays, so calibration must measure beside it.
+        self.graphs = self._capture_graphs()
         self.batch_cap = self._initial_batch_cap()
         self.warmup_s = self._warm_up()
         self._batcher: Batcher[Any, Any] = Batcher(
@@ -191,6 +199,13 @@ class ModelServer:
         if not (self.partition.on_gpu and self.args.warmup):
             return None
         return warm_up(self.adapter, self.partition, self.batch_cap)
+
+    def _capture_graphs(self) -> dict[str, Any] | None:
+        """CUDA graphs of the forward pass (partition.capture_graphs); what was captured, or
+        None when skipped (a CPU, or ``cuda_graphs: false``)."""
+        if not (self.partition.on_gpu and self.args.cuda_graphs):
+            return None
+        return capture_graphs(self.adapter, self.partition, graph_batch_limit(self.args))
 
     # ---- batching -------------------------------------------------------------------------
 
@@ -347,6 +362,10 @@ class ModelServer:
                 "largest_batch": self.largest_batch,
                 "batch_busy_s": round(self.batch_busy_s, 6),
                 "warmup_s": self.warmup_s,
+                "cuda_graphs": self.graphs["graphs"] if self.graphs else 0,
+                "cuda_graph_capture_s": self.graphs["capture_s"] if self.graphs else None,
+                "cuda_graph_pool_bytes": self.graphs["pool_bytes"] if self.graphs else None,
+                "cuda_graph_replays": getattr(getattr(self.adapter, "graphs", None), "replays", 0),
                 "queued_items": self._batcher.queued,
                 "reported_at_s": time.time(),
             }

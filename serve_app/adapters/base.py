@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import torch
 
 from serve_app.config import AppArgs
+from serve_app.graphs import GraphSet
 
 
 @dataclass
@@ -45,6 +46,10 @@ class ModelAdapter(Protocol):
 
     def warmup_batches(self, max_batch_size: int) -> list[list[Any]]:
         """Batches covering the shapes traffic brings, run once before serving."""
+
+    def capture_graphs(self, max_batch_size: int) -> GraphSet:
+        """Capture the forward pass as CUDA graphs for batches up to ``max_batch_size``; later
+        ``predict`` calls replay them where a batch's shape has one (see graphs.py)."""
 
     def describe(self) -> dict[str, Any]:
         """What ``GET /v1/models`` shows about this model."""

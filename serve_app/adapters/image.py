@@ -32,6 +32,7 @@ from serve_app.errors import (
     ServeAppError,
     UnsupportedMediaType,
 )
+from serve_app.graphs import GraphSet, bucket_for, graph_batch_sizes
 
 logger = logging.getLogger("serve_app")
 
@@ -141,6 +142,8 @@ class ImageClassifierAdapter:
         self.dtype = torch.float32
         self.labels: list[str] | None = None
         self._decode_pool: ThreadPoolExecutor | None = None
+        self.graphs: GraphSet | None = None
+        self._graph_sizes: list[int] = []
         if args.load_format != "dummy":
             if not args.model_path:
                 raise ConfigError(
@@ -276,11 +279,36 @@ class ImageClassifierAdapter:
         )
         return np.asarray(img, dtype=np.uint8)
 
+    def _forward(self, batch_u8: torch.Tensor) -> tuple[torch.Tensor]:
+        """uint8 NHWC crops (on any device) -> logits: the part a CUDA graph holds."""
+        assert self.model is not None, "setup() must run before predict()"
+        return (self.model(to_model_input(batch_u8, self.device, self.dtype)),)
+
+    def capture_graphs(self, max_batch_size: int) -> GraphSet:
+        """CUDA graphs of the forward pass for batch buckets up to ``max_batch_size``."""
+        size = self.args.image_size
+        graphs = GraphSet(self._forward, self.device)
+        sizes = graph_batch_sizes(max_batch_size)
+        graphs.capture_all(
+            [
+                (b, (torch.zeros((b, size, size, 3), dtype=torch.uint8, device=self.device),))
+                for b in sizes
+            ]
+        )
+        self.graphs = graphs
+        self._graph_sizes = [b for b in sizes if graphs.has(b)]
+        return graphs
+
     def predict(self, items: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
         assert self.model is not None, "setup() must run before predict()"
+        batch_u8 = torch.from_numpy(np.stack(items))
+        bucket = bucket_for(len(items), self._graph_sizes)
         with torch.inference_mode():
-            batch = to_model_input(torch.from_numpy(np.stack(items)), self.device, self.dtype)
-            probs = torch.softmax(self.model(batch).float(), dim=1)
+            if self.graphs is not None and bucket is not None:
+                (logits,) = self.graphs.run(bucket, (batch_u8,))
+            else:
+                (logits,) = self._forward(batch_u8)
+            probs = torch.softmax(logits.float(), dim=1)
             k = min(1000, probs.shape[1])
             scores, ids = probs.topk(k, dim=1)
             scores_np, ids_np = scores.cpu().numpy(), ids.cpu().numpy()

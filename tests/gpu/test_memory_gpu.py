@@ -951,7 +951,12 @@ def calibrate_in_process(
     from serve_app.calibrate import candidate_sizes
     from serve_app.config import parse_args
     from serve_app.oom import is_torch_oom
-    from serve_app.partition import Partition, calibrate_batch_size
+    from serve_app.partition import (
+        Partition,
+        calibrate_batch_size,
+        capture_graphs,
+        graph_batch_limit,
+    )
 
     if nvml.is_scripted():
         nvml.set_source(nvml.NvmlSource())
@@ -964,6 +969,8 @@ def calibrate_in_process(
     out: dict[str, Any] = {"cap_bytes": budget.cap_bytes, "overhead_bytes": budget.overhead_bytes}
     try:
         adapter.setup(device)
+        if app_args.cuda_graphs:  # as the replica does: graphs first, calibration beside them
+            capture_graphs(adapter, partition, graph_batch_limit(app_args))
         result = calibrate_batch_size(
             adapter, partition, app_args.memory.calibration_max_batch_size
         )
