@@ -35,14 +35,9 @@ from serve_app.memory import format_bytes
 from serve_app.metrics import ReplicaMetrics
 from serve_app.monitor import get_or_create_monitor
 from serve_app.oom import ItemTooLarge, is_torch_oom, lowered_batch_cap, predict_with_oom_split
-from serve_app.partition import (
-    Partition,
-    calibrate_batch_size,
-    capture_graphs,
-    graph_batch_limit,
-    warm_up,
-)
+from serve_app.partition import Partition
 from serve_app.registry import get_registry
+from serve_app.startup import calibrate_batch_size, capture_graphs, graph_batch_limit, warm_up
 from serve_app.status import cluster_view
 
 logger = logging.getLogger("serve_app")
@@ -194,14 +189,14 @@ class ModelServer:
         return int(self.calibration.batch_size)
 
     def _warm_up(self) -> float | None:
-        """The adapter's warm-up batches on the GPU (partition.warm_up); seconds taken, or None
+        """The adapter's warm-up batches on the GPU (startup.warm_up); seconds taken, or None
         when skipped (a CPU, or ``warmup: false``)."""
         if not (self.partition.on_gpu and self.args.warmup):
             return None
         return warm_up(self.adapter, self.partition, self.batch_cap)
 
     def _capture_graphs(self) -> dict[str, Any] | None:
-        """CUDA graphs of the forward pass (partition.capture_graphs); what was captured, or
+        """CUDA graphs of the forward pass (startup.capture_graphs); what was captured, or
         None when skipped (a CPU, or ``cuda_graphs: false``)."""
         if not (self.partition.on_gpu and self.args.cuda_graphs):
             return None

@@ -951,12 +951,8 @@ def calibrate_in_process(
     from serve_app.calibrate import candidate_sizes
     from serve_app.config import parse_args
     from serve_app.oom import is_torch_oom
-    from serve_app.partition import (
-        Partition,
-        calibrate_batch_size,
-        capture_graphs,
-        graph_batch_limit,
-    )
+    from serve_app.partition import Partition
+    from serve_app.startup import calibrate_batch_size, capture_graphs, graph_batch_limit
 
     if nvml.is_scripted():
         nvml.set_source(nvml.NvmlSource())

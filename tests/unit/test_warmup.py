@@ -8,7 +8,7 @@ from serve_app.adapters.base import pow2_sizes
 from serve_app.adapters.embeddings import EmbeddingAdapter
 from serve_app.adapters.image import ImageClassifierAdapter
 from serve_app.config import parse_args
-from serve_app.partition import warm_up
+from serve_app.startup import warm_up
 
 
 def test_pow2_sizes() -> None:
