@@ -39,14 +39,7 @@ def best_sustained(
     passing = [s for s in summaries if point_passes(s, p99_target_s, max_error_rate)]
     if not passing:
         return None
-    best = max(passing, key=lambda s: float(s["throughput_per_s"]))
-    return {
-        "throughput_per_s": float(best["throughput_per_s"]),
-        "offered_rate_per_s": float(best["offered_rate_per_s"]),
-        "p50_s": _p(best.get("latency_s"), "p50"),
-        "p99_s": _p(best.get("latency_s"), "p99"),
-        "error_rate": float(best.get("error_rate", 0.0)),
-    }
+    return _figures(max(passing, key=lambda s: float(s["throughput_per_s"])))
 
 
 def point_at(summaries: Iterable[Mapping[str, Any]], rate: float) -> dict[str, Any] | None:
@@ -54,14 +47,19 @@ def point_at(summaries: Iterable[Mapping[str, Any]], rate: float) -> dict[str, A
     re-run of a failed point), or None."""
     for s in reversed(list(summaries)):
         if abs(float(s["offered_rate_per_s"]) - rate) <= 0.01 * rate:
-            return {
-                "offered_rate_per_s": float(s["offered_rate_per_s"]),
-                "throughput_per_s": float(s["throughput_per_s"]),
-                "p50_s": _p(s.get("latency_s"), "p50"),
-                "p99_s": _p(s.get("latency_s"), "p99"),
-                "error_rate": float(s.get("error_rate", 0.0)),
-            }
+            return _figures(s)
     return None
+
+
+def _figures(s: Mapping[str, Any]) -> dict[str, Any]:
+    """A point's rates, p50/p99 and error rate."""
+    return {
+        "offered_rate_per_s": float(s["offered_rate_per_s"]),
+        "throughput_per_s": float(s["throughput_per_s"]),
+        "p50_s": _p(s.get("latency_s"), "p50"),
+        "p99_s": _p(s.get("latency_s"), "p99"),
+        "error_rate": float(s.get("error_rate", 0.0)),
+    }
 
 
 def round_rate(rate: float) -> float:
