@@ -100,10 +100,11 @@ class AppArgs(BaseModel):
     )
     cuda_graphs: bool = Field(
         default=True,
-        description="On a GPU, capture the forward pass as CUDA graphs (after calibration and "
-        "warm-up) and replay them for batches up to cuda_graph_max_batch_size, padded up to the "
-        "next captured size: a batch's launch then costs microseconds of CPU, not milliseconds. "
-        "false runs every batch eagerly.",
+        description="On a GPU, capture the forward pass as CUDA graphs once the weights are "
+        "loaded (before calibration, which then measures beside them) and replay them for "
+        "batches up to cuda_graph_max_batch_size, padded up to the next captured size: a "
+        "batch's launch then costs microseconds of CPU, not milliseconds. false runs every "
+        "batch eagerly.",
     )
     cuda_graph_max_batch_size: int = Field(
         default=64,
