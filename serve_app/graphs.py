@@ -3,8 +3,8 @@
 Launching a forward pass eagerly costs the replica's CPU (and its GIL) a few milliseconds
 whatever the batch size: about 3.8 ms for ResNet-50 and 2.9 ms for MiniLM on the H200 host.
 Replaying the same pass captured as a CUDA graph costs about 0.02 ms of CPU, and at batch 1 it
-is done in 0.9 ms and 0.3 ms (``docs/results/profile/replica/launch_probe.json``). At the small batches that online traffic
-brings, that launch *is* the cost of a batch.
+is done in 0.9 ms and 0.3 ms (``docs/results/profile/replica/launch_probe.json``). At the
+small batches that online traffic brings, that launch *is* the cost of a batch.
 
 ``GraphSet`` captures a forward function once per input shape (a batch size bucket, and for
 token models a length bucket) and replays it: the batch is copied into the first rows of static
