@@ -120,14 +120,19 @@ def side_port(taken: set[int], attempts: int = 200) -> int:
     )
 
 
-def private_haproxy_ports() -> dict[str, str]:
-    """Free ports for HAProxy's stats and metrics listeners and Serve's fallback proxy, which
-    are fixed by default (8404, 9101, 8500, 9500): set them in the environment before Ray
-    starts so that a second cluster on the machine does not collide with the first."""
+def haproxy_side_ports() -> dict[str, str]:
+    """Free ports (from SIDE_PORT_RANGE) for HAProxy's stats and metrics listeners and Serve's
+    fallback proxy, which are fixed by default (8404, 9101, 8500, 9500), by variable name."""
     taken: set[int] = set()
     for _ in HAPROXY_SIDE_PORT_VARS:
         taken.add(side_port(taken))
-    ports = dict(zip(HAPROXY_SIDE_PORT_VARS, (str(p) for p in sorted(taken)), strict=True))
+    return dict(zip(HAPROXY_SIDE_PORT_VARS, (str(p) for p in sorted(taken)), strict=True))
+
+
+def private_haproxy_ports() -> dict[str, str]:
+    """``haproxy_side_ports`` set in this process's environment before Ray starts, so that a
+    second cluster on the machine does not collide with the first."""
+    ports = haproxy_side_ports()
     os.environ.update(ports)
     return ports
 

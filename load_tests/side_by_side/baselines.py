@@ -23,7 +23,8 @@ from load_tests.side_by_side.deployments import (
     noop_request,
     preprocess_image,
 )
-from load_tests.side_by_side.util import _error, free_port, log
+from load_tests.side_by_side.util import _error, log
+from serve_app.launch import free_port
 
 
 def _time_it(fn: Callable[[], Any], sync: Callable[[], None], min_s: float) -> float:

@@ -26,7 +26,8 @@ from load_tests.side_by_side.deployments import (
     plain_embeddings_deployment,
     plain_image_deployment,
 )
-from load_tests.side_by_side.util import _error, _write_json, free_port, log, nvml_devices
+from load_tests.side_by_side.util import _error, _write_json, log, nvml_devices
+from serve_app.launch import free_port
 
 
 def _private_env(proxy: str, scratch: Path, spec: Mapping[str, Any]) -> None:

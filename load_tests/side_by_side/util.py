@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import socket
 import sys
 import time
 import traceback
@@ -29,12 +28,6 @@ def start_time() -> float:
 def log(msg: str) -> None:
     stamp = time.strftime("%H:%M:%S")
     print(f"[{stamp} +{time.time() - _T0:6.1f}s] {msg}", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _error(exc: BaseException) -> dict[str, Any]:

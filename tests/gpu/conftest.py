@@ -14,12 +14,13 @@ Fixtures:
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from serve_app.launch import free_port
 
 RAY_CPUS = 16
 
@@ -40,12 +41,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if here in Path(str(item.fspath)).resolve().parents:
             item.add_marker(skip)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,16 +17,11 @@ from typing import Any
 
 import pytest
 
+from serve_app.launch import free_port
 from tests.helpers import wait_http
 
 LOGICAL_GPUS = 1
 LOGICAL_CPUS = 8
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

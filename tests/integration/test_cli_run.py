@@ -13,9 +13,8 @@ import httpx
 import yaml
 
 from serve_app.env import haproxy_config_path
-from serve_app.launch import HAPROXY_SIDE_PORT_VARS
+from serve_app.launch import free_port, haproxy_side_ports
 from tests.helpers import wait_http
-from tests.integration.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +27,7 @@ def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
     config.write_text(yaml.safe_dump(doc))
     env = dict(os.environ)
     env.pop("SERVE_APP_FAKE_NVML", None)
-    env.update({var: str(free_port()) for var in HAPROXY_SIDE_PORT_VARS})
+    env.update(haproxy_side_ports())
     haproxy_root = Path(haproxy_config_path()).parent
     dirs_before = set(haproxy_root.iterdir()) if haproxy_root.is_dir() else set()
     log = (tmp_path / "run.log").open("w+")
