@@ -133,7 +133,7 @@ class ModelServer:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
         self.calibration: Any = None
         # Graphs first: their memory pool stays, so calibration must measure beside it.
-        self.graphs = self._capture_graphs()
+        self.graph_info = self._capture_graphs()
         self.batch_cap = self._initial_batch_cap()
         self.warmup_s = self._warm_up()
         self._batcher: Batcher[Any, Any] = Batcher(
@@ -340,6 +340,7 @@ class ModelServer:
     def report(self) -> dict[str, Any]:
         figures = self.partition.report()
         calib = self.calibration
+        graphs = self.graph_info
         figures.update(
             {
                 "replica_id": self.replica_id,
@@ -357,10 +358,10 @@ class ModelServer:
                 "largest_batch": self.largest_batch,
                 "batch_busy_s": round(self.batch_busy_s, 6),
                 "warmup_s": self.warmup_s,
-                "cuda_graphs": self.graphs["graphs"] if self.graphs else 0,
-                "cuda_graph_capture_s": self.graphs["capture_s"] if self.graphs else None,
-                "cuda_graph_pool_bytes": self.graphs["pool_bytes"] if self.graphs else None,
-                "cuda_graph_replays": getattr(getattr(self.adapter, "graphs", None), "replays", 0),
+                "cuda_graphs": graphs["graphs"] if graphs else 0,
+                "cuda_graph_capture_s": graphs["capture_s"] if graphs else None,
+                "cuda_graph_pool_bytes": graphs["pool_bytes"] if graphs else None,
+                "cuda_graph_replays": self.adapter.graphs.replays if self.adapter.graphs else 0,
                 "queued_items": self._batcher.queued,
                 "reported_at_s": time.time(),
             }

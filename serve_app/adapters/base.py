@@ -29,6 +29,9 @@ class ModelAdapter(Protocol):
     route: str
     """The POST route this adapter serves, e.g. ``/v1/embeddings``."""
 
+    graphs: GraphSet | None
+    """The CUDA graphs ``capture_graphs`` made, or None (a CPU, or not captured)."""
+
     def setup(self, device: torch.device) -> None:
         """Load the model onto ``device`` (real or dummy weights, per the config)."""
 
