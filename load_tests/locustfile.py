@@ -3,9 +3,10 @@
     locust -f load_tests/locustfile.py --headless -u 10 -r 5 -t 30s \\
         --host http://127.0.0.1:8000 --csv /tmp/locust EmbeddingsUser
 
-Options added to locust's command line: --embed-model (minilm), --image-model (resnet50),
---top-k (5), --payload-seed (0). Any non-2xx response is a failure. Payloads come from
-load_tests/payloads.py and are generated on first use, then cached.
+Options added to locust's command line: --embed-model (all-MiniLM-L6-v2, what `serve-app run`
+serves), --image-model (resnet50, an image app's default name), --top-k (5), --payload-seed
+(0). Any non-2xx response is a failure. Payloads come from load_tests/payloads.py and are
+generated on first use, then cached.
 """
 
 from __future__ import annotations
@@ -27,8 +28,14 @@ _JSON = {"Content-Type": "application/json"}
 
 @events.init_command_line_parser.add_listener
 def _add_options(parser: Any) -> None:
-    parser.add_argument("--embed-model", default="minilm", help="model for /v1/embeddings")
-    parser.add_argument("--image-model", default="resnet50", help="model for /v1/classify")
+    parser.add_argument(
+        "--embed-model",
+        default=payloads.DEFAULT_EMBEDDINGS_MODEL,
+        help="model for /v1/embeddings",
+    )
+    parser.add_argument(
+        "--image-model", default=payloads.DEFAULT_IMAGE_MODEL, help="model for /v1/classify"
+    )
     parser.add_argument("--top-k", type=int, default=5, help="top_k for /v1/classify")
     parser.add_argument("--payload-seed", type=int, default=0, help="seed for payloads")
 
@@ -58,7 +65,7 @@ class EmbeddingsUser(HttpUser):
 
     def on_start(self) -> None:
         seed = _option(self, "payload_seed", 0)
-        self.model = _option(self, "embed_model", "minilm")
+        self.model = _option(self, "embed_model", payloads.DEFAULT_EMBEDDINGS_MODEL)
         self.short = payloads.texts("short", N_VARIANTS, seed)
         self.long = payloads.texts("long", N_VARIANTS, seed + 1)
         self.rng = random.Random()
@@ -86,7 +93,7 @@ class ImageUser(HttpUser):
 
     def on_start(self) -> None:
         self.seed = _option(self, "payload_seed", 0)
-        self.model = _option(self, "image_model", "resnet50")
+        self.model = _option(self, "image_model", payloads.DEFAULT_IMAGE_MODEL)
         self.top_k = _option(self, "top_k", 5)
         self.rng = random.Random()
 

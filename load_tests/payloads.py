@@ -25,6 +25,17 @@ TEXT_KINDS: tuple[str, ...] = ("short", "long", "mixed")
 IMAGE_FORMATS: tuple[str, ...] = ("jpeg", "png")
 IMAGE_CONTENT_TYPES: dict[str, str] = {"jpeg": "image/jpeg", "png": "image/png"}
 
+# The model names serve_app answers to out of the box: `serve-app run` (configs/default.yaml and
+# AppArgs.model_name) serves "all-MiniLM-L6-v2"; an image-classification app with no model_name
+# answers to its arch, "resnet50". Any other name gets a 404, so every client default is these
+# (tests/unit/test_bench.py checks them against serve_app's config).
+DEFAULT_EMBEDDINGS_MODEL = "all-MiniLM-L6-v2"
+DEFAULT_IMAGE_MODEL = "resnet50"
+DEFAULT_MODELS: dict[str, str] = {
+    "embeddings": DEFAULT_EMBEDDINGS_MODEL,
+    "image": DEFAULT_IMAGE_MODEL,
+}
+
 # Share of long texts in a "mixed" pool: mostly short queries with some documents, as in search.
 MIXED_LONG_FRACTION = 0.3
 
@@ -143,14 +154,23 @@ def image_b64(size: int = 224, fmt: str = "jpeg", seed: int = 0) -> str:
     return base64.b64encode(image_bytes(size, fmt, seed)).decode("ascii")
 
 
-def embeddings_body(inputs: str | Sequence[str], model: str = "minilm") -> bytes:
-    """JSON body for `POST /v1/embeddings`."""
-    payload = {"model": model, "input": inputs if isinstance(inputs, str) else list(inputs)}
+def embeddings_body(
+    inputs: str | Sequence[str],
+    model: str = DEFAULT_EMBEDDINGS_MODEL,
+    encoding_format: str | None = None,
+) -> bytes:
+    """JSON body for `POST /v1/embeddings` (`encoding_format`: "float" or "base64" when given)."""
+    payload: dict[str, object] = {
+        "model": model,
+        "input": inputs if isinstance(inputs, str) else list(inputs),
+    }
+    if encoding_format is not None:
+        payload["encoding_format"] = encoding_format
     return json.dumps(payload).encode()
 
 
 def classify_body(
-    images_b64: str | Sequence[str], model: str = "resnet50", top_k: int = 5
+    images_b64: str | Sequence[str], model: str = DEFAULT_IMAGE_MODEL, top_k: int = 5
 ) -> bytes:
     """JSON body for `POST /v1/classify` with base64-encoded images."""
     inputs = images_b64 if isinstance(images_b64, str) else list(images_b64)

@@ -43,7 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--url", required=True, help="full endpoint URL, e.g. http://127.0.0.1:8000/v1/embeddings"
     )
     p.add_argument("--kind", choices=("embeddings", "image"), default="embeddings")
-    p.add_argument("--model", default=None, help="model name (default: minilm / resnet50)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model name (default: all-MiniLM-L6-v2 / resnet50, what serve-app run serves)",
+    )
     rates = p.add_mutually_exclusive_group(required=True)
     rates.add_argument("--rate", type=float, help="one offered rate in requests/s")
     rates.add_argument("--rates", type=_parse_rates, help="sweep, e.g. 50,100,200")

@@ -12,11 +12,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
+from load_tests.payloads import DEFAULT_MODELS as DEFAULT_MODELS  # what serve_app serves
+
 SCHEMA_VERSION = 1
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0)
 # Scheduling starts this long after setup so the first arrivals are not already late.
 START_LEAD_S = 0.05
-DEFAULT_MODELS = {"embeddings": "minilm", "image": "resnet50"}
 # Connections per httpx client; see ShardedClient for why pools are kept small.
 CONNECTIONS_PER_SHARD = 16
 # Distinct bodies cycled through per run, so nothing downstream can cache one body.

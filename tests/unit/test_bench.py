@@ -22,7 +22,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # for plain `pytest` runs
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # for plain `pytest` runs
 
 from load_tests import bench, payloads  # noqa: E402
 from load_tests.bench import Record  # noqa: E402
@@ -205,10 +206,34 @@ def test_images_deterministic_across_cache() -> None:
     assert payloads.image_bytes(64, "png", seed=5) == a
 
 
+def test_default_model_names_are_what_serve_app_serves() -> None:
+    """The clients' defaults must be names the README's server answers to (else every request
+    is a 404): configs/default.yaml's model, AppArgs' default, and an image app's default."""
+    import yaml
+
+    from serve_app.config import parse_args
+
+    default_yaml = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())
+    served = default_yaml["applications"][0]["args"]["model_name"]
+    assert payloads.DEFAULT_EMBEDDINGS_MODEL == served == "all-MiniLM-L6-v2"
+    assert parse_args({}).model_name == payloads.DEFAULT_EMBEDDINGS_MODEL
+    image_default = parse_args({"adapter": "image-classification"}).model_name
+    assert payloads.DEFAULT_IMAGE_MODEL == image_default == "resnet50"
+    assert bench.DEFAULT_MODELS == {"embeddings": "all-MiniLM-L6-v2", "image": "resnet50"}
+    assert json.loads(payloads.embeddings_body("x"))["model"] == "all-MiniLM-L6-v2"
+    assert json.loads(payloads.classify_body("eA=="))["model"] == "resnet50"
+
+
+def test_embeddings_body_encoding_format() -> None:
+    assert "encoding_format" not in json.loads(payloads.embeddings_body(["a", "b"]))
+    body = json.loads(payloads.embeddings_body(["a", "b"], encoding_format="base64"))
+    assert body == {"model": "all-MiniLM-L6-v2", "input": ["a", "b"], "encoding_format": "base64"}
+
+
 def test_build_requests_bodies() -> None:
     reqs = bench.build_requests("http://127.0.0.1:1/v1/embeddings", "embeddings", batch=3)
     body = json.loads(reqs[0].content)
-    assert body["model"] == "minilm" and len(body["input"]) == 3
+    assert body["model"] == "all-MiniLM-L6-v2" and len(body["input"]) == 3
     raw = bench.build_requests("http://127.0.0.1:1/v1/classify", "image", binary=True, top_k=3)
     assert raw[0].url.endswith("?top_k=3") and raw[0].headers["Content-Type"] == "image/jpeg"
     js = bench.build_requests("http://127.0.0.1:1/v1/classify", "image", image_format="png")
