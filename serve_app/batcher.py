@@ -17,18 +17,25 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
 
 
-@dataclass
-class _Entry:
-    item: Any
-    future: asyncio.Future[Any]
-    enqueued_s: float
+class _Request:
+    """One caller's items in the queue: ``taken`` of them are in a batch already, and the one
+    future resolves once every output is in ``outputs``."""
+
+    __slots__ = ("items", "outputs", "pending", "taken", "future", "enqueued_s")
+
+    def __init__(self, items: Sequence[Any], future: asyncio.Future[list[Any]], now_s: float):
+        self.items = items
+        self.outputs: list[Any] = [None] * len(items)
+        self.pending = len(items)
+        self.taken = 0
+        self.future = future
+        self.enqueued_s = now_s
 
 
 class BatchSizeMismatch(RuntimeError):
@@ -39,8 +46,13 @@ class Batcher(Generic[T, R]):
     """Queue items from any number of requests; run them through ``run_batch`` in batches.
 
     ``run_batch`` runs on ``executor`` (one batch at a time) and returns one output per input,
-    in order. An exception from it fails exactly the items of that batch; the next batch runs.
-    Items whose caller has gone (cancelled futures) are dropped before a batch is formed.
+    in order. An exception from it fails exactly the requests with items in that batch; the next
+    batch runs. Items whose caller has gone (a cancelled future) are dropped before a batch is
+    formed. A request's items stay in order and may be split across batches.
+
+    Each request costs one future and one queue entry, however many items it carries: on the
+    request path, a future per item (and a gather over them) cost more than the bookkeeping
+    they replaced.
     """
 
     def __init__(
@@ -58,71 +70,75 @@ class Batcher(Generic[T, R]):
         self._executor = executor
         self.max_batch_size = max_batch_size
         self.batch_wait_timeout_s = batch_wait_timeout_s
-        self._queue: deque[_Entry] = deque()
+        self._queue: deque[_Request] = deque()
+        self._queued = 0  # items in the queue not yet taken into a batch
         self._wakeup: asyncio.Event | None = None
-        self._wake_at = 1  # queue length that wakes the worker: 1 when idle, max when filling
+        self._wake_at = 1  # queued items that wake the worker: 1 when idle, max when filling
         self._worker: asyncio.Task[None] | None = None
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        return self._queued
 
     async def submit(self, items: Sequence[T]) -> list[R]:
         """Queue ``items`` (kept in order, possibly split across batches); their outputs."""
         if not items:
             return []
         loop = asyncio.get_running_loop()
-        self._ensure_worker(loop)
-        now = time.monotonic()
-        futures = [loop.create_future() for _ in items]
-        self._queue.extend(_Entry(i, f, now) for i, f in zip(items, futures, strict=True))
-        assert self._wakeup is not None
-        if len(self._queue) >= self._wake_at:
-            self._wakeup.set()
-        try:
-            return list(await asyncio.gather(*futures))
-        except BaseException:
-            for fut in futures:  # the caller is gone or one item failed: drop the rest
-                if fut.done() and not fut.cancelled():
-                    fut.exception()  # retrieved: no "exception never retrieved" noise
-                fut.cancel()
-            raise
-
-    def _ensure_worker(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._worker is None or self._worker.done():
             self._wakeup = asyncio.Event()
             self._worker = loop.create_task(self._work(), name="serve_app-batcher")
+        future: asyncio.Future[list[Any]] = loop.create_future()
+        self._queue.append(_Request(items, future, time.monotonic()))
+        self._queued += len(items)
+        if self._queued >= self._wake_at:
+            assert self._wakeup is not None
+            self._wakeup.set()
+        return await future  # cancelling the caller cancels the future: its items are skipped
 
     async def _wait(self, wake_at: int, timeout_s: float | None) -> None:
         assert self._wakeup is not None
         self._wake_at = wake_at
         self._wakeup.clear()
-        if len(self._queue) >= wake_at:
+        if self._queued >= wake_at:
             return
         try:
             await asyncio.wait_for(self._wakeup.wait(), timeout_s)
         except TimeoutError:
             pass
 
-    def _take(self) -> list[_Entry]:
-        batch: list[_Entry] = []
+    def _drop_gone(self) -> None:
+        """Drop requests at the head of the queue whose caller has gone."""
+        while self._queue and self._queue[0].future.done():
+            gone = self._queue.popleft()
+            self._queued -= len(gone.items) - gone.taken
+
+    def _take(self) -> list[tuple[_Request, int]]:
+        """Up to ``max_batch_size`` (request, item index) pairs from the head of the queue."""
+        batch: list[tuple[_Request, int]] = []
         while self._queue and len(batch) < self.max_batch_size:
-            entry = self._queue.popleft()
-            if not entry.future.done():
-                batch.append(entry)
+            req = self._queue[0]
+            if req.future.done():
+                self._drop_gone()
+                continue
+            n = min(len(req.items) - req.taken, self.max_batch_size - len(batch))
+            batch.extend((req, i) for i in range(req.taken, req.taken + n))
+            req.taken += n
+            self._queued -= n
+            if req.taken == len(req.items):
+                self._queue.popleft()
         return batch
 
     async def _work(self) -> None:
         loop = asyncio.get_running_loop()
         try:
             while True:
-                while self._queue and self._queue[0].future.done():
-                    self._queue.popleft()
+                self._drop_gone()
                 if not self._queue:
                     await self._wait(1, None)
                     continue
                 deadline_s = self._queue[0].enqueued_s + self.batch_wait_timeout_s
-                while len(self._queue) < self.max_batch_size:
+                while self._queued < self.max_batch_size:
                     remaining_s = deadline_s - time.monotonic()
                     if remaining_s <= 0:
                         break
@@ -132,28 +148,33 @@ class Batcher(Generic[T, R]):
                 if batch:
                     await self._run(loop, batch)
         except asyncio.CancelledError:
-            for entry in self._queue:
-                entry.future.cancel()
+            for req in self._queue:
+                req.future.cancel()
             self._queue.clear()
+            self._queued = 0
             raise
 
-    async def _run(self, loop: asyncio.AbstractEventLoop, batch: list[_Entry]) -> None:
+    async def _run(
+        self, loop: asyncio.AbstractEventLoop, batch: list[tuple[_Request, int]]
+    ) -> None:
         try:
             outputs = await loop.run_in_executor(
-                self._executor, self._run_batch, [e.item for e in batch]
+                self._executor, self._run_batch, [req.items[i] for req, i in batch]
             )
             if len(outputs) != len(batch):
                 raise BatchSizeMismatch(
                     f"the batch function returned {len(outputs)} outputs for {len(batch)} inputs"
                 )
         except Exception as exc:  # noqa: BLE001 - the batch's callers get the error
-            for entry in batch:
-                if not entry.future.done():
-                    entry.future.set_exception(exc)
+            for req, _ in batch:
+                if not req.future.done():
+                    req.future.set_exception(exc)
             return
-        for entry, out in zip(batch, outputs, strict=True):
-            if not entry.future.done():
-                entry.future.set_result(out)
+        for (req, i), out in zip(batch, outputs, strict=True):
+            req.outputs[i] = out
+            req.pending -= 1
+            if req.pending == 0 and not req.future.done():
+                req.future.set_result(req.outputs)
 
     def close(self) -> None:
         """Stop the worker; anything still queued is cancelled."""

@@ -51,6 +51,11 @@ class NotFound(ServeAppError):
     error_type = "not_found_error"
 
 
+class MethodNotAllowed(ServeAppError):
+    status_code = 405
+    error_type = "invalid_request_error"
+
+
 class PayloadTooLarge(ServeAppError):
     status_code = 413
     error_type = "payload_too_large"

@@ -6,35 +6,26 @@ import logging
 import os
 import threading
 import time
-import uuid
-from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import ray
 import torch
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 from ray import serve
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
 
 from serve_app.adapters import make_adapter
 from serve_app.autoscale import replica_autoscaling_stats
 from serve_app.batcher import Batcher
 from serve_app.config import AppArgs, parse_args
-from serve_app.errors import (
-    BadRequest,
-    InferenceError,
-    InsufficientMemory,
-    NotFound,
-    PayloadTooLarge,
-    ServeAppError,
-    StartupError,
-)
+from serve_app.errors import InsufficientMemory, NotFound, StartupError
+from serve_app.http import Ingress, error_response, guarded, json_response, read_body
 from serve_app.memory import format_bytes
 from serve_app.metrics import ReplicaMetrics
 from serve_app.monitor import get_or_create_monitor
 from serve_app.oom import ItemTooLarge, is_torch_oom, lowered_batch_cap, predict_with_oom_split
+from serve_app.openapi import build_openapi
 from serve_app.partition import Partition
 from serve_app.registry import get_registry
 from serve_app.startup import calibrate_batch_size, capture_graphs, graph_batch_limit, warm_up
@@ -45,46 +36,10 @@ CPU_DEFAULT_BATCH = 32
 REPORT_PERIOD_S = 1.0
 REPORT_MAX_AGE_S = 5.0
 
-api = FastAPI(
-    title="serve_app",
-    description="GPU-memory-partitioned inference on Ray Serve",
-    version="0.1.0",
-)
-
-
-def error_response(err: ServeAppError) -> JSONResponse:
-    return JSONResponse(err.to_json(), status_code=err.status_code)
-
-
-@api.exception_handler(StarletteHTTPException)
-async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    err = ServeAppError(f"{request.method} {request.url.path}: {exc.detail}")
-    err.status_code = exc.status_code
-    err.error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    err.code = err.error_type
-    return error_response(err)
-
-
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The request body, refusing more than ``max_bytes`` before or while reading it."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            declared_bytes = int(declared)
-        except ValueError:
-            raise BadRequest(f"Content-Length {declared!r} is not an integer") from None
-        if declared_bytes > max_bytes:
-            raise PayloadTooLarge(
-                f"request body is {declared_bytes} bytes; at most {max_bytes} (args.max_body_bytes)"
-            )
-    chunks = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise PayloadTooLarge(f"request body exceeds {max_bytes} bytes (args.max_body_bytes)")
-        chunks.append(chunk)
-    return b"".join(chunks)
+# Bodies up to this size decode on the event loop when the adapter says its decode is cheap
+# (decode_inline); larger ones, and every body of an adapter whose decode is not, go to a thread.
+INLINE_DECODE_MAX_BYTES = 16 * 1024
+EMPTY_QUERY: dict[str, str] = {}
 
 
 def _serve_ready() -> tuple[bool, dict[str, str]]:
@@ -102,23 +57,16 @@ def _serve_ready() -> tuple[bool, dict[str, str]]:
     return ready, detail
 
 
-async def guarded(work: Awaitable[JSONResponse]) -> JSONResponse:
-    """Await a request's work; our errors become their JSON status, anything else a 500 with an
-    error id (the traceback goes to the log only)."""
-    try:
-        return await work
-    except ServeAppError as err:
-        return error_response(err)
-    except Exception:  # noqa: BLE001 - the client gets an id, the log gets the traceback
-        error_id = uuid.uuid4().hex[:12]
-        logger.exception("inference failed (error id %s)", error_id)
-        return error_response(
-            InferenceError(f"inference failed; error id {error_id} (see the server log)")
-        )
-
-
-@serve.deployment(name="model", max_ongoing_requests=512, health_check_period_s=10.0)
-@serve.ingress(api)
+# Ray's per-request access log line took about 15% of a loaded replica's event loop in the
+# profile (docs/benchmarks.md); it is off by default and a config turns it back on with
+# `logging_config: {enable_access_log: true}` on the deployment.
+@serve.deployment(
+    name="model",
+    max_ongoing_requests=512,
+    health_check_period_s=10.0,
+    logging_config={"enable_access_log": False},
+)
+@serve.ingress()
 class ModelServer:
     """One model replica: decode, batch, predict under the cap, encode."""
 
@@ -131,6 +79,7 @@ class ModelServer:
         self.adapter = make_adapter(self.args)
         self._setup_adapter()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
+        self._served_by = {"x-serve-app-replica": self.replica_id}
         self.calibration: Any = None
         # Graphs first: their memory pool stays, so calibration must measure beside it.
         self.graph_info = self._capture_graphs()
@@ -241,68 +190,74 @@ class ModelServer:
 
     # ---- HTTP -----------------------------------------------------------------------------
 
-    async def _infer(self, request: Request) -> JSONResponse:
+    def __serve_build_asgi_app__(self) -> Ingress:
+        """The replica's HTTP app (see http.py): its adapter's route and the common ones."""
+        served = self.adapter.route
+        routes: dict[str, dict[str, Any]] = {
+            path: {"POST": self._infer if path == served else self._not_served}
+            for path in ("/v1/embeddings", "/v1/classify")
+        }
+        routes.update(
+            {
+                "/v1/models": {"GET": self.models},
+                "/healthz": {"GET": self.healthz},
+                "/readyz": {"GET": self.readyz},
+                "/v1/memory": {"GET": self.memory},
+                "/openapi.json": {"GET": self.openapi},
+                "/docs": {"GET": self.docs},
+            }
+        )
+        self._openapi = build_openapi(served, self.args.model_name, self.args.max_body_bytes)
+        return Ingress(routes)
+
+    async def _infer(self, request: Request) -> Response:
+        return await guarded(self._infer_body(request))
+
+    async def _infer_body(self, request: Request) -> Response:
         body = await read_body(request, self.args.max_body_bytes)
-        decoded = await asyncio.to_thread(
-            self.adapter.decode,
-            body,
-            request.headers.get("content-type", ""),
-            dict(request.query_params),
-        )
+        content_type = request.headers.get("content-type", "")
+        query = request.query_params if request.scope.get("query_string") else EMPTY_QUERY
+        if getattr(self.adapter, "decode_inline", False) and len(body) <= INLINE_DECODE_MAX_BYTES:
+            decoded = self.adapter.decode(body, content_type, query)
+        else:
+            decoded = await asyncio.to_thread(self.adapter.decode, body, content_type, query)
         results = await self._batcher.submit(decoded.items)
-        too_large = [r for r in results if isinstance(r, ItemTooLarge)]
-        if too_large:
-            budget = self.partition.budget
-            cap = format_bytes(budget.cap_bytes) if budget else "n/a"
-            first = too_large[0]
-            raise InsufficientMemory(
-                f"input[{first.index}] does not fit in this replica's GPU memory budget "
-                f"({cap}) even on its own; send a smaller input",
-                param=f"input[{first.index}]",
+        for r in results:
+            if isinstance(r, ItemTooLarge):
+                budget = self.partition.budget
+                cap = format_bytes(budget.cap_bytes) if budget else "n/a"
+                raise InsufficientMemory(
+                    f"input[{r.index}] does not fit in this replica's GPU memory budget "
+                    f"({cap}) even on its own; send a smaller input",
+                    param=f"input[{r.index}]",
+                )
+        return json_response(self.adapter.encode(results, decoded), headers=self._served_by)
+
+    async def _not_served(self, request: Request) -> Response:
+        path = request.scope["path"]
+        return error_response(
+            NotFound(
+                f"{path} is not served here; this application serves "
+                f"{self.adapter.route} for model {self.args.model_name!r}",
+                code="route_not_served",
             )
-        return JSONResponse(
-            self.adapter.encode(list(results), decoded),
-            headers={"x-serve-app-replica": self.replica_id},
         )
 
-    @api.post("/v1/embeddings", summary="OpenAI-style embeddings")
-    async def embeddings(self, request: Request) -> JSONResponse:
-        return await self._route(request, "/v1/embeddings")
+    async def models(self, request: Request) -> Response:
+        return json_response({"object": "list", "data": [self.adapter.describe()]})
 
-    @api.post("/v1/classify", summary="Image classification (JPEG/PNG, raw or base64 JSON)")
-    async def classify(self, request: Request) -> JSONResponse:
-        return await self._route(request, "/v1/classify")
+    async def healthz(self, request: Request) -> Response:
+        return json_response({"status": "ok"})
 
-    async def _route(self, request: Request, route: str) -> JSONResponse:
-        if self.adapter.route != route:
-            return error_response(
-                NotFound(
-                    f"{route} is not served here; this application serves "
-                    f"{self.adapter.route} for model {self.args.model_name!r}",
-                    code="route_not_served",
-                )
-            )
-        return await guarded(self._infer(request))
-
-    @api.get("/v1/models", summary="Models served")
-    async def models(self) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [self.adapter.describe()]})
-
-    @api.get("/healthz", summary="Liveness")
-    async def healthz(self) -> JSONResponse:
-        return JSONResponse({"status": "ok"})
-
-    @api.get("/readyz", summary="Readiness: every replica of every application is running")
-    async def readyz(self) -> JSONResponse:
+    async def readyz(self, request: Request) -> Response:
         ready, detail = await asyncio.to_thread(_serve_ready)
-        return JSONResponse({"ready": ready, "detail": detail}, status_code=200 if ready else 503)
+        return json_response({"ready": ready, "detail": detail}, 200 if ready else 503)
 
-    @api.get("/v1/memory", summary="Per-replica GPU memory figures (integer bytes)")
-    async def memory(self) -> JSONResponse:
+    async def memory(self, request: Request) -> Response:
         await self._publish()  # the registry runs calls concurrently: ours must land first
         reports = await self._registry.all.remote(REPORT_MAX_AGE_S)
         gpus, controller, errors = await asyncio.to_thread(cluster_view, reports)
-        return JSONResponse(
+        return json_response(
             {
                 "object": "memory_report",
                 "replicas": reports,
@@ -311,6 +266,18 @@ class ModelServer:
                 "errors": errors,
             }
         )
+
+    async def openapi(self, request: Request) -> Response:
+        return json_response(self._openapi)
+
+    async def docs(self, request: Request) -> Response:
+        from fastapi.openapi.docs import get_swagger_ui_html
+
+        root = request.scope.get("root_path", "")
+        html: HTMLResponse = get_swagger_ui_html(
+            openapi_url=f"{root}/openapi.json", title="serve_app - Swagger UI"
+        )
+        return html
 
     # ---- health and reporting -------------------------------------------------------------
 

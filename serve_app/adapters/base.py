@@ -5,7 +5,7 @@ A new model family is one new file that fills in these four steps.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -32,17 +32,22 @@ class ModelAdapter(Protocol):
     graphs: GraphSet | None
     """The CUDA graphs ``capture_graphs`` made, or None (a CPU, or not captured)."""
 
+    decode_inline: bool
+    """Whether ``decode`` is cheap enough to run on the event loop for a small body (tens of
+    microseconds: JSON and a tokenizer call); the replica runs it in a thread otherwise."""
+
     def setup(self, device: torch.device) -> None:
         """Load the model onto ``device`` (real or dummy weights, per the config)."""
 
-    def decode(self, body: bytes, content_type: str, query: dict[str, str]) -> Decoded:
+    def decode(self, body: bytes, content_type: str, query: Mapping[str, str]) -> Decoded:
         """Validate and decode a request body; raise BadRequest / PayloadTooLarge / NotFound."""
 
     def predict(self, items: Sequence[Any]) -> list[Any]:
         """Run one batch; one output per item, in order."""
 
     def encode(self, outputs: list[Any], decoded: Decoded) -> dict[str, Any]:
-        """Turn outputs into the JSON response body."""
+        """Turn outputs into the JSON response body (numpy arrays allowed: orjson renders
+        them)."""
 
     def worst_case_items(self, n: int) -> list[Any]:
         """``n`` decoded items of the largest size a request may carry (for calibration)."""

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+import orjson
 
 from serve_app.errors import BadRequest, NotFound
 
@@ -12,8 +13,8 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
     if not body:
         raise BadRequest("request body is empty; send a JSON object")
     try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise BadRequest(f"request body must be a JSON object, got {type(doc).__name__}")

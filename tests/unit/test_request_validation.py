@@ -93,7 +93,7 @@ def test_jsonbody_helpers() -> None:
 
 
 def test_internal_failure_is_500_with_error_id(caplog: pytest.LogCaptureFixture) -> None:
-    from serve_app.replica import guarded
+    from serve_app.http import guarded
 
     async def boom():
         raise RuntimeError("secret internal detail")

@@ -1,0 +1,220 @@
+"""The OpenAPI document of one application, built from pydantic models of its bodies.
+
+Each application lists only the routes it serves (its adapter's inference route and the common
+ones), with request and response schemas and every status a route can answer. The models here
+describe the wire format only: requests are parsed by the adapters (orjson, then explicit
+checks with messages that name the field), not by pydantic, which keeps validation off the hot
+path and the error bodies in one OpenAI-style shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+REF = "#/components/schemas/{model}"
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx answer: the OpenAI error shape."""
+
+    error: ErrorDetail
+
+
+class EmbeddingsRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    input: str | list[str] = Field(
+        description="A text or a non-empty list of texts (at most args.max_inputs_per_request)"
+    )
+    model: str | None = Field(default=None, description="Must name the served model if given")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, description="Only the model's own size")
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(description="floats, or base64 of little-endian float32")
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: Usage
+
+
+class ClassifyRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    input: str | list[str] = Field(description="Base64 JPEG or PNG image(s)")
+    model: str | None = None
+    top_k: int | None = Field(default=None, ge=1, le=1000)
+
+
+class Label(BaseModel):
+    label: str
+    class_id: int
+    score: float
+
+
+class Classification(BaseModel):
+    object: Literal["classification"]
+    index: int
+    top_k: list[Label]
+
+
+class ClassifyResponse(BaseModel):
+    object: Literal["list"]
+    model: str
+    data: list[Classification]
+
+
+class ModelCard(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    object: Literal["model"]
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    ready: bool
+    detail: dict[str, str]
+
+
+class MemoryReport(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    object: Literal["memory_report"]
+    replicas: list[dict[str, Any]]
+    gpus: list[dict[str, Any]]
+    controller: dict[str, Any] | None = None
+    errors: list[str]
+
+
+MODELS: tuple[type[BaseModel], ...] = (
+    ErrorBody,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    ClassifyRequest,
+    ClassifyResponse,
+    ModelList,
+    Health,
+    Readiness,
+    MemoryReport,
+)
+
+_STATUS_TEXT = {
+    400: "Invalid request (the body names the field)",
+    404: "Unknown model or route",
+    405: "Method not allowed (see the Allow header)",
+    413: "Body or image too large",
+    415: "Unsupported Content-Type",
+    500: "Inference failed (the body carries an error id)",
+    503: "Not ready",
+    507: "An input does not fit in the replica's GPU memory even alone",
+}
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": REF.format(model=model.__name__)}
+
+
+def _json(model: type[BaseModel]) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": _ref(model)}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    return {str(c): {"description": _STATUS_TEXT[c], **_json(ErrorBody)} for c in codes}
+
+
+def _get(summary: str, model: type[BaseModel], *extra: int) -> dict[str, Any]:
+    responses: dict[str, Any] = {"200": {"description": "OK", **_json(model)}}
+    responses.update(_errors(*extra))
+    return {"get": {"summary": summary, "responses": responses}}
+
+
+def _inference(route: str, max_body_bytes: int) -> dict[str, Any]:
+    ok: type[BaseModel]
+    codes: tuple[int, ...]
+    if route == "/v1/embeddings":
+        body: dict[str, Any] = {"required": True, **_json(EmbeddingsRequest)}
+        ok, summary, codes = EmbeddingsResponse, "OpenAI-style embeddings", (400, 404, 413)
+        params: list[dict[str, Any]] = []
+    else:
+        binary = {"schema": {"type": "string", "format": "binary", "maxLength": max_body_bytes}}
+        body = {
+            "required": True,
+            "content": {
+                "application/json": {"schema": _ref(ClassifyRequest)},
+                "image/jpeg": binary,
+                "image/png": binary,
+            },
+        }
+        ok, summary, codes = ClassifyResponse, "Image classification", (400, 404, 413, 415)
+        params = [
+            {
+                "name": "top_k",
+                "in": "query",
+                "required": False,
+                "description": "Labels per image, for raw image bodies",
+                "schema": {"type": "integer", "minimum": 1, "maximum": 1000},
+            }
+        ]
+    responses: dict[str, Any] = {"200": {"description": "OK", **_json(ok)}}
+    responses.update(_errors(*codes, 500, 507))
+    op: dict[str, Any] = {"summary": summary, "requestBody": body, "responses": responses}
+    if params:
+        op["parameters"] = params
+    return {"post": op}
+
+
+def build_openapi(route: str, model_name: str, max_body_bytes: int) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of an application that serves ``route`` for ``model_name``."""
+    schemas: dict[str, Any] = {}
+    for model in MODELS:
+        schema = model.model_json_schema(ref_template=REF)
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+    ready = _get("Readiness", Readiness)
+    ready["get"]["responses"]["503"] = {"description": _STATUS_TEXT[503], **_json(Readiness)}
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "serve_app",
+            "version": "0.1.0",
+            "description": f"GPU-memory-partitioned inference on Ray Serve: {model_name}",
+        },
+        "paths": {
+            route: _inference(route, max_body_bytes),
+            "/v1/models": _get("Models served", ModelList),
+            "/healthz": _get("Liveness", Health),
+            "/readyz": ready,
+            "/v1/memory": _get("Per-replica GPU memory figures (integer bytes)", MemoryReport),
+        },
+        "components": {"schemas": schemas},
+    }

@@ -1,0 +1,111 @@
+"""serve_app.http: exact-path routing with JSON 404/405, orjson rendering, body limits."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from starlette.requests import Request
+from starlette.responses import Response
+
+from serve_app.errors import BadRequest
+from serve_app.http import Ingress, json_response, read_body, route_path
+
+FLOAT32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
+
+
+@given(st.lists(FLOAT32, min_size=1, max_size=64))
+def test_float32_vectors_render_to_the_same_float32_values(values: list[float]) -> None:
+    vec = np.array(values, dtype=np.float32)
+    body = json_response({"embedding": vec}).body
+    parsed = np.array(json.loads(body)["embedding"], dtype=np.float64).astype(np.float32)
+    np.testing.assert_array_equal(parsed, vec)
+
+
+def test_float32_rendering_is_short() -> None:
+    rng = np.random.default_rng(0)
+    vec = rng.standard_normal(384).astype(np.float32)
+    vec /= np.linalg.norm(vec)
+    text = json_response(vec).body.decode()
+    for number in text[1:-1].split(","):
+        digits = number.lstrip("-").split("e")[0].replace(".", "").lstrip("0")
+        assert len(digits) <= 9, number  # FLT_DECIMAL_DIG: never the double's 17 digits
+    assert json_response(np.zeros(2, dtype=np.float32)).body == b"[0.0,0.0]"
+
+
+async def _echo(request: Request) -> Response:
+    return json_response({"path": request.url.path, "body": (await request.body()).decode()})
+
+
+def _client(root_path: str = "") -> httpx.AsyncClient:
+    app = Ingress({"/v1/echo": {"POST": _echo}, "/healthz": {"GET": _echo}})
+    transport = httpx.ASGITransport(app=app, root_path=root_path)
+    return httpx.AsyncClient(transport=transport, base_url="http://test")
+
+
+@pytest.mark.anyio
+async def test_routes_404_and_405_with_allow() -> None:
+    async with _client() as client:
+        ok = await client.post("/v1/echo", content=b"hi")
+        assert ok.status_code == 200 and ok.json()["body"] == "hi"
+        missing = await client.get("/v1/nothing")
+        assert missing.status_code == 404
+        assert missing.json()["error"]["type"] == "not_found_error"
+        wrong = await client.get("/v1/echo")
+        assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+        assert "allowed methods are POST" in wrong.json()["error"]["message"]
+        head = await client.head("/healthz")  # HEAD is served wherever GET is
+        assert head.status_code == 200
+        assert (await client.delete("/healthz")).headers["allow"] == "GET, HEAD"
+
+
+@pytest.mark.anyio
+async def test_routes_below_a_route_prefix() -> None:
+    async with _client(root_path="/images") as client:
+        assert (await client.post("/images/v1/echo", content=b"x")).status_code == 200
+
+
+def test_route_path_strips_the_root_path() -> None:
+    assert route_path({"path": "/images/v1/classify", "root_path": "/images"}) == "/v1/classify"
+    assert route_path({"path": "/images", "root_path": "/images"}) == "/"
+    assert route_path({"path": "/v1/models", "root_path": ""}) == "/v1/models"
+
+
+@pytest.mark.anyio
+async def test_lifespan_is_acknowledged() -> None:
+    sent: list[str] = []
+    messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
+
+    async def receive() -> dict[str, str]:
+        return next(messages)
+
+    async def send(message: dict[str, str]) -> None:
+        sent.append(message["type"])
+
+    await Ingress({})({"type": "lifespan"}, receive, send)
+    assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+
+
+def _request(body: bytes, headers: list[tuple[bytes, bytes]]) -> Request:
+    chunks = [body[:3], body[3:]]
+
+    async def receive() -> dict[str, object]:
+        chunk = chunks.pop(0)
+        return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
+
+    return Request({"type": "http", "method": "POST", "headers": headers}, receive)
+
+
+@pytest.mark.anyio
+async def test_read_body_limits() -> None:
+    assert await read_body(_request(b"abcdef", []), 6) == b"abcdef"
+    with pytest.raises(Exception, match="at most 5"):
+        await read_body(_request(b"abcdef", [(b"content-length", b"6")]), 5)
+    with pytest.raises(Exception, match="exceeds 5 bytes"):
+        await read_body(_request(b"abcdef", []), 5)  # a lying or missing Content-Length
+    with pytest.raises(BadRequest, match="not an integer"):
+        await read_body(_request(b"a", [(b"content-length", b"x")]), 5)
