@@ -77,6 +77,9 @@ class GraphSet:
         self.device = device
         self._graphs: dict[Hashable, _Captured] = {}
         self._pool: Any = None
+        # One side stream for every capture and its eager warm-up: cuBLAS keeps a workspace per
+        # stream it has run on, so a new stream per capture left one workspace per shape.
+        self._stream: torch.cuda.Stream | None = None
         self.capture_s = 0.0
         self.skipped: list[Hashable] = []
         self.replays = 0
@@ -94,7 +97,9 @@ class GraphSet:
         t0 = time.perf_counter()
         try:
             static = tuple(t.clone() for t in example)
-            stream = torch.cuda.Stream(self.device)
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(self.device)
+            stream = self._stream
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream), torch.inference_mode():
                 for _ in range(CAPTURE_WARMUP_RUNS):
@@ -107,7 +112,7 @@ class GraphSet:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool):
+            with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool, stream=stream):
                 outputs = self.forward(*static)
         except Exception as exc:  # noqa: BLE001 - any capture failure, named for the user
             from serve_app.oom import is_torch_oom
