@@ -28,7 +28,13 @@ from serve_app.oom import ItemTooLarge, is_torch_oom, lowered_batch_cap, predict
 from serve_app.openapi import build_openapi
 from serve_app.partition import Partition
 from serve_app.registry import get_registry
-from serve_app.startup import calibrate_batch_size, capture_graphs, graph_batch_limit, warm_up
+from serve_app.startup import (
+    PhaseTimer,
+    calibrate_batch_size,
+    capture_graphs,
+    graph_batch_limit,
+    warm_up,
+)
 from serve_app.status import cluster_view
 
 logger = logging.getLogger("serve_app")
@@ -75,16 +81,23 @@ class ModelServer:
         ctx = serve.get_replica_context()
         self.replica_id = str(ctx.replica_id.unique_id) if ctx else f"local-{os.getpid()}"
         assigned = ray.get_runtime_context().get_assigned_resources()
-        self.partition = Partition.start(self.args, float(assigned.get("GPU", 0.0)))
-        self.adapter = make_adapter(self.args)
-        self._setup_adapter()
+        phases = PhaseTimer()
+        with phases("partition"):  # CUDA context, its measurement, the cap
+            self.partition = Partition.start(self.args, float(assigned.get("GPU", 0.0)))
+        with phases("weights"):
+            self.adapter = make_adapter(self.args)
+            self._setup_adapter()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
         self._served_by = {"x-serve-app-replica": self.replica_id}
         self.calibration: Any = None
         # Graphs first: their memory pool stays, so calibration must measure beside it.
-        self.graph_info = self._capture_graphs()
-        self.batch_cap = self._initial_batch_cap()
-        self.warmup_s = self._warm_up()
+        with phases("graph_capture"):
+            self.graph_info = self._capture_graphs()
+        with phases("calibration"):
+            self.batch_cap = self._initial_batch_cap()
+        with phases("warmup"):
+            self.warmup_s = self._warm_up()
+        self.startup_phases_s = phases.done()
         self._batcher: Batcher[Any, Any] = Batcher(
             self._run_batch, self._executor, self.batch_cap, self.args.batch_wait_timeout_s
         )
@@ -325,6 +338,7 @@ class ModelServer:
                 "largest_batch": self.largest_batch,
                 "batch_busy_s": round(self.batch_busy_s, 6),
                 "warmup_s": self.warmup_s,
+                "startup_phases_s": self.startup_phases_s,
                 "cuda_graphs": graphs["graphs"] if graphs else 0,
                 "cuda_graph_capture_s": graphs["capture_s"] if graphs else None,
                 "cuda_graph_pool_bytes": graphs["pool_bytes"] if graphs else None,

@@ -7,7 +7,10 @@ warm-up batches of the shapes traffic brings. Each runs batches under the replic
 from __future__ import annotations
 
 import logging
+import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -18,6 +21,31 @@ from serve_app.memory import format_bytes
 from serve_app.partition import Partition
 
 logger = logging.getLogger("serve_app")
+
+
+class PhaseTimer:
+    """Wall-clock seconds of each named start-up phase, plus ``process`` (from the replica
+    process's start to the first phase: Ray's worker start-up and the imports)."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        created_s = psutil.Process(os.getpid()).create_time()
+        self.phases_s: dict[str, float] = {"process": round(time.time() - created_s, 3)}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases_s[name] = round(time.perf_counter() - t0, 3)
+
+    def done(self) -> dict[str, float]:
+        """The phases, with ``total`` (process start to now)."""
+        self.phases_s["total"] = round(sum(self.phases_s.values()), 3)
+        logger.info("start-up phases (s): %s", self.phases_s)
+        return dict(self.phases_s)
 
 
 def run_fits(adapter: Any, partition: Partition, batch: list[Any]) -> bool:

@@ -92,3 +92,19 @@ def test_warm_up_re_raises_errors_other_than_oom(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     with pytest.raises(ValueError, match="bad weights"):
         warm_up(_BadWeights(limit=1), _FakePartition(), 4)  # type: ignore[arg-type]
+
+
+def test_phase_timer_times_each_phase_and_the_total() -> None:
+    import time
+
+    from serve_app.startup import PhaseTimer
+
+    timer = PhaseTimer()
+    with timer("weights"):
+        time.sleep(0.02)
+    with timer("warmup"):
+        pass
+    phases = timer.done()
+    assert phases["process"] >= 0.0 and phases["weights"] >= 0.02 and phases["warmup"] >= 0.0
+    parts = phases["process"] + phases["weights"] + phases["warmup"]
+    assert abs(phases["total"] - parts) <= 0.002  # rounding of each part to 1 ms
