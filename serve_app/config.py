@@ -122,6 +122,14 @@ class AppArgs(BaseModel):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1024**3)
     max_image_pixels: int = Field(default=40_000_000, ge=1)
     image_size: int = Field(default=224, ge=16, le=4096)
+    image_decode: Literal["auto", "cpu", "gpu"] = Field(
+        default="auto",
+        description="Image classification: where JPEGs are decoded. auto: on the GPU (nvJPEG "
+        "through torchvision, in batches) when the replica has a GPU and torchvision can "
+        "decode there, else on the CPU with Pillow; cpu: always Pillow, on the request path; "
+        "gpu: nvJPEG, and a replica without it fails at start-up. PNG and other non-YCbCr "
+        "JPEGs always use Pillow.",
+    )
     top_k: int = Field(default=5, ge=1, le=1000)
     memory: MemoryArgs = Field(default_factory=MemoryArgs)
 

@@ -34,7 +34,9 @@ class ModelAdapter(Protocol):
 
     decode_inline: bool
     """Whether ``decode`` is cheap enough to run on the event loop for a small body (tens of
-    microseconds: JSON and a tokenizer call); the replica runs it in a thread otherwise."""
+    microseconds: JSON and a tokenizer call for embeddings; base64 and header checks for images
+    on the GPU decode path, which sets it in ``setup``, while Pillow's CPU decode leaves it
+    False); the replica runs it in a thread otherwise."""
 
     def setup(self, device: torch.device) -> None:
         """Load the model onto ``device`` (real or dummy weights, per the config)."""

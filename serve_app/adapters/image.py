@@ -3,6 +3,11 @@
 Accepts JPEG or PNG bytes, as a raw body (``Content-Type: image/jpeg``) or base64 in JSON
 (``{"input": "<base64>" | [...], "top_k": 5}``); returns the top-k labels and scores.
 Weights load from a local safetensors file, or a ``torch.load(weights_only=True)`` file.
+
+Two decode paths give the same crops: on the CPU path ``decode`` decodes with Pillow on the
+request path (``_preprocess``); on the GPU path (``image_decode``, imagedecode.py) it only reads
+the headers, with the same checks and errors, and ``predict`` decodes the batch's JPEGs with
+nvJPEG and crops them on the GPU exactly as Pillow would (imageresize.py).
 """
 
 from __future__ import annotations
@@ -10,11 +15,10 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-import io
 import logging
 import os
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +26,20 @@ import numpy as np
 import torch
 
 from serve_app.adapters.base import Decoded, pow2_sizes, resolve_dtype
+from serve_app.adapters.imagedecode import GpuJpegDecoder, ItemError, use_gpu_decode
+from serve_app.adapters.imagefile import (
+    EncodedImage,
+    encoded_image,
+    pillow_crop,
+    synthetic_jpeg,
+    worst_case_size,
+)
 from serve_app.adapters.jsonbody import check_model, parse_json_object, string_list
 from serve_app.adapters.resnet import ARCHS, build_resnet
 from serve_app.config import AppArgs
 from serve_app.errors import (
     BadRequest,
     ConfigError,
-    PayloadTooLarge,
     ServeAppError,
     UnsupportedMediaType,
 )
@@ -42,6 +53,8 @@ IMAGE_TYPES = ("image/jpeg", "image/png")
 # Threads that decode the images of one request in parallel (Pillow releases the GIL while it
 # decodes and resizes).
 DECODE_THREADS = min(4, os.cpu_count() or 1)
+# The JPEG that GPU warm-up batches carry: ImageNet's most common size.
+TYPICAL_JPEG_SIZE = (500, 375)
 
 
 @functools.lru_cache(maxsize=8)
@@ -66,6 +79,11 @@ def to_model_input(
     x = ((x / 255.0) - mean) / std
     fmt = torch.channels_last if device.type == "cuda" else torch.contiguous_format
     return x.to(dtype).contiguous(memory_format=fmt)
+
+
+def _as_tensor(crop: np.ndarray) -> torch.Tensor:
+    # Pillow's arrays are read-only, which torch.from_numpy warns about: copy those.
+    return torch.from_numpy(np.require(crop, requirements="W"))
 
 
 def _torchvision() -> Any | None:
@@ -134,6 +152,7 @@ class ImageClassifierAdapter:
     """``POST /v1/classify``: top-k labels for JPEG/PNG images."""
 
     route = "/v1/classify"
+    decode_inline = False  # True once setup picks the GPU path: decode then reads headers only
 
     def __init__(self, args: AppArgs):
         self.args = args
@@ -142,6 +161,7 @@ class ImageClassifierAdapter:
         self.dtype = torch.float32
         self.labels: list[str] | None = None
         self._decode_pool: ThreadPoolExecutor | None = None
+        self._gpu: GpuJpegDecoder | None = None
         self.graphs: GraphSet | None = None
         self._graph_sizes: list[int] = []
         if args.load_format != "dummy":
@@ -156,6 +176,7 @@ class ImageClassifierAdapter:
             raise ConfigError(f"args.labels_path: {args.labels_path!r} is not a file")
 
     def setup(self, device: torch.device) -> None:
+        gpu_decode = use_gpu_decode(self.args, device)  # before the weights: fail fast
         model, labels = build_model(self.args.arch)
         if self.args.load_format == "dummy":
             logger.warning(
@@ -180,8 +201,12 @@ class ImageClassifierAdapter:
         model = model.to(device=device, dtype=self.dtype).to(memory_format=fmt)  # type: ignore[call-overload]
         self.model = model.eval()
         self.device = device
+        if gpu_decode:
+            self._gpu = GpuJpegDecoder(device, self.args.image_size)
+            self.decode_inline = True
+            logger.info("image_decode: JPEGs decode on %s with nvJPEG, in batches", device)
 
-    def decode(self, body: bytes, content_type: str, query: dict[str, str]) -> Decoded:
+    def decode(self, body: bytes, content_type: str, query: Mapping[str, str]) -> Decoded:
         ctype = content_type.split(";")[0].strip().lower()
         top_k = self.args.top_k
         if ctype in IMAGE_TYPES:
@@ -207,14 +232,21 @@ class ImageClassifierAdapter:
                 f"Content-Type {ctype!r} is not supported; send image/jpeg, image/png, or "
                 "application/json with base64 images"
             )
-        if len(blobs) > 1 and DECODE_THREADS > 1:
-            if self._decode_pool is None:
-                self._decode_pool = ThreadPoolExecutor(DECODE_THREADS, "decode")
+        items: list[Any]
+        if self._gpu is not None:
+            limit = self.args.max_image_pixels
+            items = [encoded_image(blob, i, limit) for i, blob in enumerate(blobs)]
+        elif len(blobs) > 1 and DECODE_THREADS > 1:
             # map() yields in order, so the first bad image by index is the one reported
-            items = list(self._decode_pool.map(self._preprocess, blobs, range(len(blobs))))
+            items = list(self._pool().map(self._preprocess, blobs, range(len(blobs))))
         else:
             items = [self._preprocess(blob, i) for i, blob in enumerate(blobs)]
         return Decoded(items=items, meta={"top_k": top_k})
+
+    def _pool(self) -> ThreadPoolExecutor:
+        if self._decode_pool is None:
+            self._decode_pool = ThreadPoolExecutor(DECODE_THREADS, "decode")
+        return self._decode_pool
 
     def _top_k(self, value: Any) -> int:
         # JSON gives an int; a query string gives its digits. Floats and booleans are refused
@@ -227,57 +259,9 @@ class ImageClassifierAdapter:
             raise BadRequest(f"'top_k' must be between 1 and 1000, got {value}", param="top_k")
         return value
 
-    def _open(self, blob: bytes, where: str) -> Any:
-        """Decode one image to RGB, refusing other formats and too many pixels."""
-        from PIL import Image
-
-        # Pillow refuses images over twice this limit while reading the header (and only warns
-        # between 1x and 2x); the explicit check below gives every oversized image the same 413.
-        Image.MAX_IMAGE_PIXELS = self.args.max_image_pixels
-        opened = Image.open(io.BytesIO(blob))
-        if opened.format not in ("JPEG", "PNG"):
-            raise BadRequest(
-                f"'{where}' is {opened.format}; only JPEG and PNG are accepted", param=where
-            )
-        w, h = opened.size
-        if w * h > self.args.max_image_pixels:
-            raise PayloadTooLarge(
-                f"'{where}' is {w}x{h} = {w * h} pixels; at most "
-                f"{self.args.max_image_pixels} (args.max_image_pixels)",
-                param=where,
-            )
-        return opened.convert("RGB")
-
     def _preprocess(self, blob: bytes, index: int) -> np.ndarray:
-        """torchvision's ImageNet resize and crop: resize the short side to ``size * 256 / 224``
-        and centre-crop ``size`` x ``size``; returns HWC uint8 (``to_model_input`` scales and
-        normalises the batch on the device)."""
-        from PIL import Image
-
-        where = f"input[{index}]"
-        try:
-            img = self._open(blob, where)
-        except ServeAppError:
-            raise
-        except Image.DecompressionBombError:
-            raise PayloadTooLarge(
-                f"'{where}' exceeds args.max_image_pixels ({self.args.max_image_pixels})",
-                param=where,
-            ) from None
-        except Exception:  # noqa: BLE001 - Pillow raises many types for corrupt data
-            raise BadRequest(
-                f"'{where}' is not a readable JPEG or PNG image", param=where
-            ) from None
-        size = self.args.image_size
-        # Crop in source coordinates, then resize only the crop: resizing the whole image first
-        # would let a 1 x 40,000,000 strip grow to billions of pixels.
-        scale = size * 256 / 224 / min(img.size)
-        side = size / scale
-        left, top = (img.width - side) / 2, (img.height - side) / 2
-        img = img.resize(
-            (size, size), Image.Resampling.BILINEAR, box=(left, top, left + side, top + side)
-        )
-        return np.asarray(img, dtype=np.uint8)
+        """The CPU path's decode and crop of one image (imagefile.pillow_crop)."""
+        return pillow_crop(blob, index, self.args.image_size, self.args.max_image_pixels)
 
     def _forward(self, batch_u8: torch.Tensor) -> tuple[torch.Tensor]:
         """uint8 NHWC crops (on any device) -> logits: the part a CUDA graph holds."""
@@ -299,10 +283,48 @@ class ImageClassifierAdapter:
         self._graph_sizes = [b for b in sizes if graphs.has(b)]
         return graphs
 
-    def predict(self, items: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    def predict(self, items: Sequence[Any]) -> list[Any]:
+        """Top-k scores per item, or an ``ItemError`` for an image that failed to decode here
+        (GPU path); items are HWC uint8 crops (CPU path) or ``EncodedImage`` (GPU path)."""
         assert self.model is not None, "setup() must run before predict()"
-        batch_u8 = torch.from_numpy(np.stack(items))
-        bucket = bucket_for(len(items), self._graph_sizes)
+        errors: dict[int, ItemError] = {}
+        if self._gpu is not None and any(isinstance(x, EncodedImage) for x in items):
+            batch_u8, errors = self._gpu_batch(items)
+        else:
+            batch_u8 = torch.from_numpy(np.stack(items))
+        if not errors:
+            return self._classify(batch_u8)
+        keep = [i for i in range(len(items)) if i not in errors]
+        scored = iter(self._classify(batch_u8[keep]) if keep else [])
+        return [errors[i] if i in errors else next(scored) for i in range(len(items))]
+
+    def _gpu_batch(self, items: Sequence[Any]) -> tuple[torch.Tensor, dict[int, ItemError]]:
+        """The batch's crops on the device: nvJPEG for the JPEGs it takes, Pillow (on the
+        decode threads, meanwhile) for the rest and for what nvJPEG refused."""
+        assert self._gpu is not None
+        size = self.args.image_size
+        crops = torch.empty((len(items), size, size, 3), dtype=torch.uint8, device=self.device)
+        pillow: dict[int, Future[np.ndarray]] = {}
+        on_gpu: list[tuple[int, EncodedImage]] = []
+        for i, item in enumerate(items):
+            if not isinstance(item, EncodedImage):
+                crops[i].copy_(_as_tensor(item))
+            elif item.gpu:
+                on_gpu.append((i, item))
+            else:
+                pillow[i] = self._pool().submit(self._preprocess, item.data, item.index)
+        for i in self._gpu.decode_into(crops, on_gpu):
+            pillow[i] = self._pool().submit(self._preprocess, items[i].data, items[i].index)
+        errors: dict[int, ItemError] = {}
+        for i, job in pillow.items():
+            try:
+                crops[i].copy_(_as_tensor(job.result()))
+            except ServeAppError as err:
+                errors[i] = ItemError(index=items[i].index, error=err)
+        return crops, errors
+
+    def _classify(self, batch_u8: torch.Tensor) -> list[tuple[np.ndarray, np.ndarray]]:
+        bucket = bucket_for(len(batch_u8), self._graph_sizes)
         with torch.inference_mode():
             if self.graphs is not None and bucket is not None:
                 (logits,) = self.graphs.run(bucket, (batch_u8,))
@@ -312,7 +334,7 @@ class ImageClassifierAdapter:
             k = min(1000, probs.shape[1])
             scores, ids = probs.topk(k, dim=1)
             scores_np, ids_np = scores.cpu().numpy(), ids.cpu().numpy()
-        return [(scores_np[i], ids_np[i]) for i in range(len(items))]
+        return [(scores_np[i], ids_np[i]) for i in range(len(batch_u8))]
 
     def encode(self, outputs: list[Any], decoded: Decoded) -> dict[str, Any]:
         k = decoded.meta["top_k"]
@@ -330,12 +352,29 @@ class ImageClassifierAdapter:
             return self.labels[class_id]
         return f"class_{class_id}"
 
-    def worst_case_items(self, n: int) -> list[np.ndarray]:
-        size = self.args.image_size
-        return [np.zeros((size, size, 3), dtype=np.uint8) for _ in range(n)]
+    def worst_case_items(self, n: int) -> list[Any]:
+        """CPU path: ``n`` crops. GPU path: ``n`` JPEGs whose decode needs the most memory:
+        as many of the largest accepted JPEG (``max_image_pixels``, 4:4:4) as one nvJPEG chunk
+        holds, then typical ones (each chunk is decoded and cropped before the next, so the
+        peak is the largest chunk beside the batch's crops, whatever the rest carry)."""
+        if self._gpu is None:
+            size = self.args.image_size
+            return [np.zeros((size, size, 3), dtype=np.uint8) for _ in range(n)]
+        w, h = worst_case_size(self.args.max_image_pixels)
+        fill = min(n, self._gpu.chunk_images, max(1, self._gpu.chunk_pixels // (w * h)))
+        largest = EncodedImage(synthetic_jpeg(w, h), 0, w, h, gpu=True)
+        return [largest] * fill + [self._typical_jpeg()] * (n - fill)
 
-    def warmup_batches(self, max_batch_size: int) -> list[list[np.ndarray]]:
-        return [self.worst_case_items(b) for b in pow2_sizes(max_batch_size)]
+    def warmup_batches(self, max_batch_size: int) -> list[list[Any]]:
+        if self._gpu is None:
+            return [self.worst_case_items(b) for b in pow2_sizes(max_batch_size)]
+        return [[self._typical_jpeg()] * b for b in pow2_sizes(max_batch_size)]
+
+    def _typical_jpeg(self) -> EncodedImage:
+        w, h = TYPICAL_JPEG_SIZE
+        if w * h > self.args.max_image_pixels:
+            w, h = worst_case_size(self.args.max_image_pixels)
+        return EncodedImage(synthetic_jpeg(w, h), 0, w, h, gpu=True)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -345,5 +384,6 @@ class ImageClassifierAdapter:
             "task": "image-classification",
             "arch": self.args.arch,
             "image_size": self.args.image_size,
+            "image_decode": "gpu" if self._gpu is not None else "cpu",
             "load_format": self.args.load_format,
         }

@@ -1,0 +1,216 @@
+"""Reading a request's images: the header checks both decode paths share, with the errors the
+client sees, the CPU path's Pillow decode and crop, and which JPEGs nvJPEG may take.
+
+The CPU path (``pillow_crop``) decodes and crops on the request path. The GPU path
+(``encoded_image``) reads only the header (Pillow's ``Image.open`` is lazy) and the JPEG
+markers up to the first scan, a few tens of microseconds, and queues an ``EncodedImage`` for
+the batch (imagedecode.py). Both refuse the same images with the same messages: a format other
+than JPEG or PNG (400), more than ``max_image_pixels`` (413), data Pillow cannot read (400; on
+the GPU path the batch finds it and answers with the same error).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from serve_app.adapters.imageresize import crop_box
+from serve_app.errors import BadRequest, PayloadTooLarge, ServeAppError
+
+JPEG_MAX_SIDE = 65500  # the largest side Pillow writes a JPEG with
+_SOF_GPU = (0xC0, 0xC1, 0xC2)  # baseline, extended and progressive Huffman: what nvJPEG decodes
+_RGB_IDS = (0x52, 0x47, 0x42)  # component ids 'R', 'G', 'B': no YCbCr transform
+
+
+def open_header(blob: bytes, where: str, max_image_pixels: int) -> Any:
+    """Open one image lazily (Pillow reads the header only), refusing other formats and more
+    than ``max_image_pixels`` pixels."""
+    from PIL import Image
+
+    # Pillow refuses images over twice this limit while reading the header (and only warns
+    # between 1x and 2x); the explicit check below gives every oversized image the same 413.
+    Image.MAX_IMAGE_PIXELS = max_image_pixels
+    opened = Image.open(io.BytesIO(blob))
+    if opened.format not in ("JPEG", "PNG"):
+        raise BadRequest(
+            f"'{where}' is {opened.format}; only JPEG and PNG are accepted", param=where
+        )
+    w, h = opened.size
+    if w * h > max_image_pixels:
+        raise PayloadTooLarge(
+            f"'{where}' is {w}x{h} = {w * h} pixels; at most "
+            f"{max_image_pixels} (args.max_image_pixels)",
+            param=where,
+        )
+    return opened
+
+
+@contextlib.contextmanager
+def image_errors(where: str, max_image_pixels: int) -> Iterator[None]:
+    """Pillow's errors as the client sees them: a 413 for a decompression bomb, a 400 for
+    anything else it raises on corrupt data; our own errors pass through."""
+    from PIL import Image
+
+    try:
+        yield
+    except ServeAppError:
+        raise
+    except Image.DecompressionBombError:
+        raise PayloadTooLarge(
+            f"'{where}' exceeds args.max_image_pixels ({max_image_pixels})", param=where
+        ) from None
+    except Exception:  # noqa: BLE001 - Pillow raises many types for corrupt data
+        raise BadRequest(f"'{where}' is not a readable JPEG or PNG image", param=where) from None
+
+
+def pillow_crop(blob: bytes, index: int, size: int, max_image_pixels: int) -> np.ndarray:
+    """The CPU path: decode with Pillow, then torchvision's ImageNet resize and crop (resize the
+    short side to ``size * 256 / 224``, centre-crop ``size`` x ``size``); HWC uint8 RGB."""
+    from PIL import Image
+
+    where = f"input[{index}]"
+    with image_errors(where, max_image_pixels):
+        img = open_header(blob, where, max_image_pixels).convert("RGB")
+    # Crop in source coordinates, then resize only the crop: resizing the whole image first
+    # would let a 1 x 40,000,000 strip grow to billions of pixels.
+    box = crop_box(img.width, img.height, size)
+    img = img.resize((size, size), Image.Resampling.BILINEAR, box=box)
+    return np.asarray(img, dtype=np.uint8)
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """One image of a request, header checked but not decoded (the GPU path's batch item).
+
+    Attributes:
+        data: the encoded bytes.
+        index: its position in its request (error messages name ``input[index]``).
+        width, height: its size as the header gives it.
+        gpu: whether nvJPEG decodes it (an 8-bit Huffman JPEG, greyscale or YCbCr, with one
+            frame and an end marker); PNG, CMYK and every other kind go through Pillow.
+    """
+
+    data: bytes
+    index: int
+    width: int
+    height: int
+    gpu: bool
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+
+@dataclass(frozen=True)
+class JpegFrame:
+    """What a JPEG's markers up to its first scan say (``jpeg_frame``)."""
+
+    marker: int
+    precision: int
+    width: int
+    height: int
+    component_ids: tuple[int, ...]
+    frames: int
+    has_end: bool
+
+
+def jpeg_frame(data: bytes) -> JpegFrame | None:
+    """The frame header of a JPEG, scanning its markers from SOI to the first SOS; None when the
+    marker structure is broken before the scan. ``has_end``: an EOI marker follows the scan
+    (Pillow refuses a JPEG that ends without one as truncated)."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    pos, frames, first = 2, 0, None
+    while pos + 4 <= len(data):
+        if data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            pos += 2
+            continue
+        length = int.from_bytes(data[pos + 2 : pos + 4], "big")
+        if marker == 0xD9 or length < 2 or pos + 2 + length > len(data):
+            return None
+        if marker == 0xDA:
+            if first is None:
+                return None
+            has_end = data.rfind(b"\xff\xd9", pos + 2 + length) != -1
+            return JpegFrame(*first, frames=frames, has_end=has_end)
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            seg = data[pos + 4 : pos + 2 + length]
+            count = seg[5] if len(seg) >= 6 else 0
+            if count == 0 or len(seg) < 6 + 3 * count:
+                return None
+            frames += 1
+            if first is None:
+                ids = tuple(seg[6 + 3 * i] for i in range(count))
+                size = int.from_bytes(seg[3:5], "big"), int.from_bytes(seg[1:3], "big")
+                first = (marker, seg[0], size[0], size[1], ids)
+        pos += 2 + length
+    return None
+
+
+def gpu_decodable(frame: JpegFrame | None, size: tuple[int, int], info: dict[str, Any]) -> bool:
+    """Whether nvJPEG should decode this JPEG: one 8-bit Huffman frame of 1 or 3 components in
+    YCbCr (as libjpeg decides: JFIF, an Adobe transform 1, or component ids other than R, G, B),
+    the size Pillow read, and an end marker. Anything else goes to Pillow, which decides."""
+    if frame is None or frame.frames != 1 or frame.marker not in _SOF_GPU:
+        return False
+    if frame.precision != 8 or (frame.width, frame.height) != size or not frame.has_end:
+        return False
+    if len(frame.component_ids) == 1:
+        return True
+    if len(frame.component_ids) != 3:
+        return False
+    if "jfif" in info:
+        return True
+    if "adobe" in info:
+        return info.get("adobe_transform") == 1
+    return frame.component_ids != _RGB_IDS
+
+
+def encoded_image(blob: bytes, index: int, max_image_pixels: int) -> EncodedImage:
+    """The GPU path's request-time check: the header only, with the CPU path's errors."""
+    where = f"input[{index}]"
+    with image_errors(where, max_image_pixels):
+        img = open_header(blob, where, max_image_pixels)
+        gpu = img.format == "JPEG" and gpu_decodable(jpeg_frame(blob), img.size, img.info)
+    return EncodedImage(blob, index, img.width, img.height, gpu)
+
+
+def worst_case_size(max_image_pixels: int) -> tuple[int, int]:
+    """The largest JPEG a request may carry: the square of at most ``max_image_pixels``
+    pixels, or the widest strip when a square's side would pass JPEG's limit."""
+    side = max(1, math.isqrt(max_image_pixels))
+    if side <= JPEG_MAX_SIDE:
+        return side, side
+    return JPEG_MAX_SIDE, min(JPEG_MAX_SIDE, max_image_pixels // JPEG_MAX_SIDE)
+
+
+@functools.lru_cache(maxsize=8)
+def synthetic_jpeg(width: int, height: int, progressive: bool = False) -> bytes:
+    """A JPEG of smooth colour gradients, 4:4:4 at quality 90 (the most coefficients a pixel
+    carries), for calibration, warm-up and the decoder's memory probe."""
+    from PIL import Image
+
+    x = np.linspace(0, 255, width, dtype=np.float32)[None, :]
+    y = np.linspace(0, 255, height, dtype=np.float32)[:, None]
+    rgb = np.empty((height, width, 3), dtype=np.uint8)
+    rgb[..., 0] = x
+    rgb[..., 1] = y
+    rgb[..., 2] = (x + y) / 2
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(
+        buf, format="JPEG", quality=90, subsampling=0, progressive=progressive
+    )
+    return buf.getvalue()
