@@ -1,4 +1,4 @@
-"""NVML per-process memory, sampled once a second while the load runs."""
+"""NVML per-process memory, sampled while the load runs (once a second by default)."""
 
 from __future__ import annotations
 
@@ -123,3 +123,22 @@ class MemorySampler:
                     if v is None or isinstance(v, int | float | str | bool)
                 }
                 self.log.samples.append({"t_unix_s": now, "source": "server", **scalars})
+
+
+def nvml_process_pids() -> set[int] | None:
+    """PIDs of every compute process NVML sees now on any GPU; None when NVML is unavailable."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # ImportError, NVMLError_LibraryNotFound, driver errors
+        return None
+    try:
+        return {int(s["pid"]) for s in _nvml_process_samples(pynvml)}
+    except Exception:  # NVML errors are many types: treat as unknown
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass

@@ -43,8 +43,18 @@ def _private_env(proxy: str, scratch: Path, spec: Mapping[str, Any]) -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
-    # HAProxy's files default to a shared /tmp/haproxy-serve; its side ports are fixed. Private
-    # ones let this run beside another Serve and tell our HAProxy apart by its config path.
+    private_haproxy_files(scratch)
+    if spec["device"] == "cuda":
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(spec["gpu"])
+    path = os.environ.get("PYTHONPATH", "")
+    if str(ROOT) not in path.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), path) if p)
+
+
+def private_haproxy_files(scratch: Path) -> None:
+    """HAProxy's files default to a shared /tmp/haproxy-serve and its side ports are fixed.
+    Private ones (set before ray.init) let this cluster run beside another Serve and tell its
+    HAProxy apart by its config path (see kill_matching)."""
     os.environ["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"] = str(scratch / "haproxy.cfg")
     os.environ["RAY_SERVE_HAPROXY_SOCKET_PATH"] = str(scratch / "admin.sock")
     os.environ["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"] = str(scratch)
@@ -52,11 +62,6 @@ def _private_env(proxy: str, scratch: Path, spec: Mapping[str, Any]) -> None:
     from serve_app.launch import private_haproxy_ports
 
     private_haproxy_ports()
-    if spec["device"] == "cuda":
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(spec["gpu"])
-    path = os.environ.get("PYTHONPATH", "")
-    if str(ROOT) not in path.split(os.pathsep):
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), path) if p)
 
 
 def kill_matching(marker: str, names: Sequence[str] = ()) -> list[int]:

@@ -1,0 +1,41 @@
+"""The throughput benchmark that cannot be mistaken for the server's limit.
+
+For each setup (model, replica count at a GPU share that fits one GPU, inputs per request) it
+starts serve_app the way ``serve-app run`` does (serve_app.launch, HAProxy ingress, dummy fp16
+weights, real defaults otherwise) on the server cores, and measures:
+
+- the maximum throughput with wrk (closed loop, a few connection counts, the best kept);
+- the latency at 80% of that rate with an open-loop aiohttp client in several processes
+  (latency from the scheduled send time: no coordinated omission);
+- NVML per-process bytes every 0.1 s against each replica's ``budget_bytes``;
+
+beside the references that say what the numbers mean:
+
+- the clients' own ceiling: both clients against HAProxy answering by itself, on the server
+  cores, with the same payloads (a row is flagged when this is under 3x what it measured);
+- plain Ray Serve's no-op behind the same HAProxy ingress at the same replica counts;
+- the model alone in one process (the in-process ceiling), best over batches.
+
+    python -m load_tests.throughput --out DIR [--models minilm,resnet50] [--replicas 4,8,12,16]
+        [--inputs-per-request 1,16] [--server-cores 0-15] [--client-cores 16-31]
+        [--duration-s S] [--mps] [--max-time-s 540] [--device cpu --quick]
+    python -m load_tests.throughput.render DIR/throughput.json      # the markdown tables
+
+Writes DIR/throughput.json (a list of rows, rewritten as they arrive), DIR/meta.json and
+DIR/server_reports.json (each job's GET /v1/memory at its end). A setup the time budget does
+not reach gets a ``skipped`` row with a note. ``--merge`` keeps the measured rows of an earlier
+run's throughput.json that this run did not measure again (to split the matrix over runs).
+
+Modules: ``options`` (command line, cores), ``payload`` (request bodies), ``wrk`` (script,
+command, output), ``openloop`` (the aiohttp client processes), ``noop_server`` (HAProxy's
+static no-op), ``stats`` and ``rows`` (pure functions), ``measure`` (one target, both
+clients), ``serve`` (the Ray session and its jobs), ``cli`` (the phases), ``render``.
+"""
+
+from __future__ import annotations
+
+from load_tests.throughput.cli import main, plan_jobs
+from load_tests.throughput.rows import apply_ceilings, merge_rows
+from load_tests.throughput.wrk import lua_script, parse_wrk_output
+
+__all__ = ["apply_ceilings", "lua_script", "main", "merge_rows", "parse_wrk_output", "plan_jobs"]

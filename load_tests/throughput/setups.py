@@ -1,0 +1,107 @@
+"""What each job deploys and sends: serve_app's config (configs/default.yaml, what
+``serve-app run`` deploys, with dummy fp16 weights), plain Ray Serve's no-op config, the payloads,
+the time one payload's measurement takes, and an optional MPS daemon."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from load_tests.side_by_side.constants import MODELS, ROOT
+from load_tests.side_by_side.util import log
+from load_tests.throughput import noop_app, stats
+from load_tests.throughput.payload import Payload, model_payload, noop_payload
+
+DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"
+
+
+def serve_app_doc(model: str, replicas: int, cfg: Mapping[str, Any], port: int) -> dict:
+    """configs/default.yaml (what ``serve-app run`` deploys) for ``model`` with dummy weights in
+    fp16, ``replicas`` replicas at ``stats.replica_share`` of the GPU; real defaults otherwise."""
+    from serve_app.config import load_deploy_config
+
+    doc = load_deploy_config(DEFAULT_CONFIG)
+    doc["http_options"] = {"host": "127.0.0.1", "port": port}
+    app = doc["applications"][0]
+    app["name"] = f"{model}-r{replicas}"
+    m = MODELS[model]
+    app["args"].update(load_format="dummy", dtype="float16", model_name=m["model_name"])
+    if m["kind"] == "image":
+        app["args"].update(adapter="image-classification", arch="resnet50")
+    dep = app["deployments"][0]
+    dep["num_replicas"] = replicas
+    dep["ray_actor_options"] = {
+        "num_cpus": stats.replica_cpus(replicas, len(cfg["server_cores"])),
+        "num_gpus": stats.replica_share(replicas),
+    }
+    return doc
+
+
+def noop_doc(replicas: int, cfg: Mapping[str, Any], port: int) -> dict:
+    """Plain Ray Serve's no-op at ``replicas`` replicas (no GPU), as a Serve config."""
+    return {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": port},
+        "applications": [
+            {
+                "name": f"noop-r{replicas}",
+                "route_prefix": "/",
+                "import_path": noop_app.IMPORT_PATH,
+                "args": {},
+                "deployments": [
+                    {
+                        "name": noop_app.DEPLOYMENT_NAME,
+                        "num_replicas": replicas,
+                        "max_ongoing_requests": 512,
+                        # As serve_app's deployment: a log line per request costs the replica.
+                        "logging_config": {"enable_access_log": False},
+                        "ray_actor_options": {
+                            "num_cpus": stats.replica_cpus(replicas, len(cfg["server_cores"]))
+                        },
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def job_payloads(job: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[Payload]:
+    if job["kind"] == "noop":
+        return [noop_payload()]
+    return [
+        model_payload(job["model"], n, cfg["encoding_format"]) for n in cfg["inputs_per_request"]
+    ]
+
+
+def measure_est_s(cfg: Mapping[str, Any]) -> float:
+    """Seconds one payload's wrk tries and open-loop point take, with pauses and start-up."""
+    d = cfg["duration_s"]
+    return len(cfg["connections"]) * (d + 2.0) + d + cfg["warmup_s"] + 6.0
+
+
+def start_mps(scratch: Path) -> str | None:
+    """An MPS daemon private to this run (its pipe and log under ``scratch``, in the env that
+    Ray's processes inherit); None when it started, else why not."""
+    os.environ["CUDA_MPS_PIPE_DIRECTORY"] = str(scratch / "mps-pipe")
+    os.environ["CUDA_MPS_LOG_DIRECTORY"] = str(scratch / "mps-log")
+    for var in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
+        Path(os.environ[var]).mkdir(parents=True, exist_ok=True)
+    try:
+        proc = subprocess.run(
+            ["nvidia-cuda-mps-control", "-d"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"nvidia-cuda-mps-control -d failed: {exc!r}"
+    return None if proc.returncode == 0 else f"MPS daemon exit {proc.returncode}: {proc.stderr}"
+
+
+def stop_mps() -> None:
+    try:
+        subprocess.run(
+            ["nvidia-cuda-mps-control"], input="quit\n", text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log(f"MPS daemon did not quit: {exc!r}")
