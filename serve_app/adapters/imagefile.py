@@ -110,15 +110,22 @@ class EncodedImage:
 
 @dataclass(frozen=True)
 class JpegFrame:
-    """What a JPEG's markers up to its first scan say (``jpeg_frame``)."""
+    """What a JPEG's markers up to its first scan say (``jpeg_frame``): the first frame
+    header's marker, sample precision, size and components as ``(id, h, v, table)`` (sampling
+    factors and quantisation table), how many frame headers there were, and whether an end
+    marker follows the scan."""
 
     marker: int
     precision: int
     width: int
     height: int
-    component_ids: tuple[int, ...]
+    components: tuple[tuple[int, int, int, int], ...]
     frames: int
     has_end: bool
+
+    @property
+    def component_ids(self) -> tuple[int, ...]:
+        return tuple(c[0] for c in self.components)
 
 
 def jpeg_frame(data: bytes) -> JpegFrame | None:
@@ -153,24 +160,31 @@ def jpeg_frame(data: bytes) -> JpegFrame | None:
                 return None
             frames += 1
             if first is None:
-                ids = tuple(seg[6 + 3 * i] for i in range(count))
+                parts = [seg[6 + 3 * i : 9 + 3 * i] for i in range(count)]
+                comps = tuple((c[0], c[1] >> 4, c[1] & 15, c[2]) for c in parts)
                 size = int.from_bytes(seg[3:5], "big"), int.from_bytes(seg[1:3], "big")
-                first = (marker, seg[0], size[0], size[1], ids)
+                first = (marker, seg[0], size[0], size[1], comps)
         pos += 2 + length
     return None
 
 
 def gpu_decodable(frame: JpegFrame | None, size: tuple[int, int], info: dict[str, Any]) -> bool:
-    """Whether nvJPEG should decode this JPEG: one 8-bit Huffman frame of 1 or 3 components in
-    YCbCr (as libjpeg decides: JFIF, an Adobe transform 1, or component ids other than R, G, B),
-    the size Pillow read, and an end marker. Anything else goes to Pillow, which decides."""
+    """Whether nvJPEG should decode this JPEG: one 8-bit Huffman frame of the size Pillow read,
+    with an end marker, greyscale or YCbCr (as libjpeg decides: JFIF, an Adobe transform 1, or
+    component ids other than R, G, B) in a common subsampling (luma 1, 2 or 4 by 1 or 2, chroma
+    1 by 1). Anything else, malformed headers included, goes to Pillow, which decides."""
     if frame is None or frame.frames != 1 or frame.marker not in _SOF_GPU:
         return False
     if frame.precision != 8 or (frame.width, frame.height) != size or not frame.has_end:
         return False
-    if len(frame.component_ids) == 1:
-        return True
-    if len(frame.component_ids) != 3:
+    if any(table > 3 for *_, table in frame.components):
+        return False
+    sampling = [(h, v) for _, h, v, _ in frame.components]
+    if len(sampling) == 1:
+        return sampling[0] == (1, 1)
+    if len(sampling) != 3 or sampling[1:] != [(1, 1), (1, 1)]:
+        return False
+    if sampling[0][0] not in (1, 2, 4) or sampling[0][1] not in (1, 2):
         return False
     if "jfif" in info:
         return True

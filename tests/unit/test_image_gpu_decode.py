@@ -264,6 +264,7 @@ def test_jpeg_frame_reads_size_components_and_end() -> None:
     assert frame is not None
     assert (frame.marker, frame.precision, frame.width, frame.height) == (0xC0, 8, 64, 48)
     assert frame.component_ids == (1, 2, 3) and frame.frames == 1 and frame.has_end
+    assert frame.components == ((1, 2, 2, 0), (2, 1, 1, 1), (3, 1, 1, 1))  # 4:2:0
     progressive = jpeg_frame(encode(photo((64, 48)), progressive=True))
     assert progressive is not None and progressive.marker == 0xC2
     truncated = jpeg_frame(rgb[: len(rgb) // 2])
@@ -294,8 +295,19 @@ def test_which_images_go_to_nvjpeg() -> None:
     assert not _gpu_flag(encode(photo((64, 48), mode="CMYK")))  # Adobe CMYK: Pillow
     assert not _gpu_flag(encode(photo((64, 48)), keep_rgb=True))  # RGB without YCbCr: Pillow
     assert not _gpu_flag(encode(photo((64, 48)), "PNG"))
+    assert _gpu_flag(encode(photo((64, 48)), subsampling="4:2:2"))
+    assert _gpu_flag(encode(photo((64, 48)), subsampling="4:1:1"))
     whole = encode(photo((64, 48)))
     assert not _gpu_flag(whole[: len(whole) - 200])  # no end marker: Pillow decides (a 400)
+    assert not _gpu_flag(sampling_zero(whole))  # a malformed frame never reaches nvJPEG
+
+
+def sampling_zero(jpeg: bytes) -> bytes:
+    """``jpeg`` with its first component's sampling factors set to 0 x 0: Pillow opens it,
+    libjpeg refuses to decode it."""
+    bad = bytearray(jpeg)
+    bad[bad.index(b"\xff\xc0") + 11] = 0x00  # SOF: marker, length, precision, size, count, id
+    return bytes(bad)
 
 
 def test_gpu_decodable_refuses_frames_pillow_reads_differently() -> None:
@@ -393,33 +405,34 @@ def test_chunks_bound_each_nvjpeg_call() -> None:
     assert decoder.calls == [3, 3, 1]
 
 
-def test_a_corrupt_jpeg_fails_its_item_only() -> None:
+def test_an_image_nothing_can_decode_fails_its_item_only() -> None:
     good = [encode(photo((64, 48), i)) for i in range(3)]
-    bad = bytearray(encode(photo((64, 48), 9)))
-    sof = bad.index(b"\xff\xc0")
-    bad[sof + 11] = 0x00  # the first component's sampling factors: 0 x 0 (libjpeg refuses)
-    decoder = CountingDecoder(refuse=lambda b: b == bytes(bad))
+    # Bytes that pass no header check: built by hand, to make the stand-in nvJPEG refuse a batch.
+    garbage = b"\xff\xd8" + bytes(64)
+    decoder = CountingDecoder(refuse=lambda b: b == garbage)
     adapter = gpu_adapter(decoder)
     items = [
         encoded_image(good[0], 0, MAX_PIXELS),
-        encoded_image(bytes(bad), 1, MAX_PIXELS),  # header fine: queued for nvJPEG
+        EncodedImage(garbage, 1, 64, 48, gpu=True),
         encoded_image(good[1], 0, MAX_PIXELS),  # another request's
         encoded_image(good[2], 2, MAX_PIXELS),
+        encoded_image(sampling_zero(good[2]), 3, MAX_PIXELS),  # header fine: Pillow decides
     ]
-    assert items[1].gpu
+    assert not items[4].gpu
     outputs = adapter.predict(items)
     # the batch failed, then each image alone; the refused one went to Pillow, which failed too
     assert decoder.calls == [4, 1, 1, 1, 1]
-    assert isinstance(outputs[1], ItemError)
-    assert outputs[1].index == 1
-    assert (
-        outputs[1].error.to_json()
-        == BadRequest("'input[1]' is not a readable JPEG or PNG image", param="input[1]").to_json()
-    )
+    for slot, index in ((1, 1), (4, 3)):
+        out = outputs[slot]
+        assert isinstance(out, ItemError) and out.index == index
+        expected = BadRequest(
+            f"'input[{index}]' is not a readable JPEG or PNG image", param=f"input[{index}]"
+        )
+        assert out.error.to_json() == expected.to_json()
     alone = cpu_adapter().predict([pillow_crop(b, 0, 32, MAX_PIXELS) for b in good])
-    for got, expected in zip([outputs[0], outputs[2], outputs[3]], alone, strict=True):
+    for got, want in zip([outputs[0], outputs[2], outputs[3]], alone, strict=True):
         assert not isinstance(got, ItemError)
-        np.testing.assert_allclose(got[0], expected[0], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(got[0], want[0], rtol=0, atol=1e-6)
 
 
 def test_an_image_nvjpeg_refuses_but_pillow_reads_gets_pillow_crops() -> None:
