@@ -174,7 +174,9 @@ def deploy(doc: dict[str, Any]) -> None:
 
 
 def wait_ready(url: str, timeout_s: float) -> None:
-    """Poll ``/readyz`` until 200, or raise StartupError with Serve's own status."""
+    """Poll ``/readyz?verbose=1`` until every deployment runs its target replicas (ready, and
+    none degraded: a start-up waits for the whole deployment, while the probe itself is 200
+    as soon as each deployment can serve), or raise StartupError with Serve's own status."""
     from ray import serve
 
     deadline = time.monotonic() + timeout_s
@@ -184,11 +186,11 @@ def wait_ready(url: str, timeout_s: float) -> None:
             if app.status == "DEPLOY_FAILED":
                 raise StartupError(f"application {name!r} failed to deploy:\n{app.message}")
         try:
-            resp = httpx.get(f"{url}/readyz", timeout=5.0)
-            if resp.status_code == 200:
+            resp = httpx.get(f"{url}/readyz", params={"verbose": "1"}, timeout=5.0)
+            if resp.status_code == 200 and not resp.json().get("degraded"):
                 return
             last = resp.text
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, ValueError) as exc:  # ValueError: a 200 that is not JSON
             last = str(exc)
         time.sleep(0.5)
     raise StartupError(f"not ready after {timeout_s:.0f} s; last /readyz answer: {last[:500]}")

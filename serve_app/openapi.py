@@ -101,9 +101,27 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
+class DeploymentHealth(BaseModel):
+    app: str
+    deployment: str
+    status: str = Field(description="Serve's deployment status (HEALTHY, UPDATING, ...)")
+    running: int = Field(description="RUNNING replicas")
+    target: int = Field(description="The deployment's target replica count")
+    replica_states: dict[str, int] = Field(description="Replicas by Serve replica state")
+    reasons: list[str] = Field(description="Why it is degraded; empty when it is not")
+    degraded: bool
+
+
 class Readiness(BaseModel):
-    ready: bool
-    detail: dict[str, str]
+    ready: bool = Field(description="Every deployment has at least one RUNNING replica")
+    reason: str
+    degraded: list[str] = Field(
+        description="app/deployment names running fewer replicas than their target, "
+        "unhealthy or updating"
+    )
+    deployments: list[DeploymentHealth] | None = Field(
+        default=None, description="With ?verbose=1: every deployment's counts"
+    )
 
 
 class MemoryReport(BaseModel):
@@ -135,7 +153,7 @@ _STATUS_TEXT = {
     413: "Body or image too large",
     415: "Unsupported Content-Type",
     500: "Inference failed (the body carries an error id)",
-    503: "Not ready",
+    503: "Not ready: some deployment has no RUNNING replica",
     507: "An input does not fit in the replica's GPU memory even alone",
 }
 
@@ -200,8 +218,18 @@ def build_openapi(route: str, model_name: str, max_body_bytes: int) -> dict[str,
         schema = model.model_json_schema(ref_template=REF)
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
-    ready = _get("Readiness", Readiness)
+    ready = _get("Readiness: 200 while every deployment has a RUNNING replica", Readiness)
     ready["get"]["responses"]["503"] = {"description": _STATUS_TEXT[503], **_json(Readiness)}
+    ready["get"]["parameters"] = [
+        {
+            "name": "verbose",
+            "in": "query",
+            "required": False,
+            "description": "1 (any value but empty, 0 or false): list every deployment "
+            "with its replica counts",
+            "schema": {"type": "string"},
+        }
+    ]
     return {
         "openapi": "3.1.0",
         "info": {

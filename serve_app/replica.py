@@ -15,6 +15,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
+from serve_app import readiness
 from serve_app.adapters import make_adapter
 from serve_app.autoscale import replica_autoscaling_stats
 from serve_app.batcher import Batcher
@@ -46,21 +47,6 @@ REPORT_MAX_AGE_S = 5.0
 # (decode_inline); larger ones, and every body of an adapter whose decode is not, go to a thread.
 INLINE_DECODE_MAX_BYTES = 16 * 1024
 EMPTY_QUERY: dict[str, str] = {}
-
-
-def _serve_ready() -> tuple[bool, dict[str, str]]:
-    status = serve.status()
-    detail: dict[str, str] = {}
-    ready = bool(status.applications)
-    for name, app in status.applications.items():
-        detail[name] = str(app.status.value)
-        if app.status != "RUNNING":
-            ready = False
-        for dep_name, dep in app.deployments.items():
-            detail[f"{name}/{dep_name}"] = str(dep.status.value)
-            if dep.status != "HEALTHY":
-                ready = False
-    return ready, detail
 
 
 # Ray's per-request access log line took about 15% of a loaded replica's event loop in the
@@ -263,8 +249,11 @@ class ModelServer:
         return json_response({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
-        ready, detail = await asyncio.to_thread(_serve_ready)
-        return json_response({"ready": ready, "detail": detail}, 200 if ready else 503)
+        """200 while every deployment has a RUNNING replica (readiness.decide); ``?verbose=1``
+        adds every deployment's counts."""
+        state = readiness.decide(await asyncio.to_thread(readiness.serve_details))
+        verbose = request.query_params.get("verbose", "") not in ("", "0", "false")
+        return json_response(state.to_json(verbose), 200 if state.ready else 503)
 
     async def memory(self, request: Request) -> Response:
         await self._publish()  # the registry runs calls concurrently: ours must land first

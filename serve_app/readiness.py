@@ -1,0 +1,136 @@
+"""Readiness: can this Serve instance answer requests right now?
+
+A pure decision over Serve's instance details (the dict that ``serve.status()`` is built from:
+``applications -> deployments -> status, target_num_replicas, replicas[].state``), so it is
+tested without a cluster; ``serve_details`` at the bottom is the one call that fetches them.
+
+Ready means every application has at least one RUNNING replica of every deployment: a service
+that lost one replica of four still serves, so a load balancer or Kubernetes must keep sending
+it traffic (Serve replaces the replica meanwhile). A deployment is *degraded* when it runs
+fewer replicas than its target, is UNHEALTHY or DEPLOY_FAILED, or is UPDATING; degraded does
+not mean unready, and ``GET /readyz?verbose=1`` lists it with its counts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+RUNNING = "RUNNING"
+HEALTHY = "HEALTHY"
+# Deployment statuses that mark a deployment degraded whatever its replica counts say.
+DEGRADED_STATUSES = frozenset({"UNHEALTHY", "DEPLOY_FAILED", "UPDATING"})
+
+
+@dataclass(frozen=True)
+class DeploymentHealth:
+    """One deployment's replica counts and why it is degraded (empty when it is not)."""
+
+    app: str
+    deployment: str
+    status: str
+    running: int
+    target: int
+    replica_states: dict[str, int]
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.app}/{self.deployment}"
+
+    @property
+    def degraded(self) -> bool:
+        return bool(self.reasons)
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    reason: str
+    deployments: list[DeploymentHealth]
+
+    @property
+    def degraded(self) -> list[DeploymentHealth]:
+        return [d for d in self.deployments if d.degraded]
+
+    def to_json(self, verbose: bool = False) -> dict[str, Any]:
+        """The ``/readyz`` body: ``ready``, ``reason`` and the names of degraded deployments;
+        ``verbose`` adds every deployment's status and counts."""
+        body: dict[str, Any] = {
+            "ready": self.ready,
+            "reason": self.reason,
+            "degraded": [d.name for d in self.degraded],
+        }
+        if verbose:
+            body["deployments"] = [{**asdict(d), "degraded": d.degraded} for d in self.deployments]
+        return body
+
+
+def _status(value: Any) -> str:
+    """An enum or its string value as the plain string ("RUNNING")."""
+    return str(getattr(value, "value", value))
+
+
+def deployment_health(app: str, name: str, details: Mapping[str, Any]) -> DeploymentHealth:
+    """Counts and degradation reasons of one deployment from its Serve details."""
+    states = Counter(_status(r.get("state")) for r in details.get("replicas") or [])
+    running = states.get(RUNNING, 0)
+    target = int(details.get("target_num_replicas") or 0)
+    status = _status(details.get("status", "UNKNOWN"))
+    reasons = []
+    if running < target:
+        reasons.append(f"{running} of {target} replicas running")
+    if status in DEGRADED_STATUSES:
+        reasons.append(f"status {status}")
+    return DeploymentHealth(
+        app=app,
+        deployment=name,
+        status=status,
+        running=running,
+        target=target,
+        replica_states=dict(sorted(states.items())),
+        reasons=reasons,
+    )
+
+
+def decide(details: Mapping[str, Any]) -> Readiness:
+    """Ready when there is an application and every deployment of every application has at
+    least one RUNNING replica. ``details`` is Serve's instance-details dict (or any mapping
+    with its ``applications`` shape)."""
+    apps: Mapping[str, Any] = details.get("applications") or {}
+    if not apps:
+        return Readiness(False, "no application is deployed", [])
+    deployments: list[DeploymentHealth] = []
+    blocking: list[str] = []
+    for app_name, app in sorted(apps.items()):
+        deps: Mapping[str, Any] = app.get("deployments") or {}
+        if not deps:
+            blocking.append(f"{app_name} has no deployment yet ({_status(app.get('status'))})")
+        for dep_name, dep in sorted(deps.items()):
+            health = deployment_health(app_name, dep_name, dep)
+            deployments.append(health)
+            if health.running == 0:
+                blocking.append(f"{health.name} has no RUNNING replica")
+    if blocking:
+        return Readiness(False, "; ".join(blocking), deployments)
+    degraded = sum(d.degraded for d in deployments)
+    reason = (
+        f"every deployment has a RUNNING replica; {degraded} degraded"
+        if degraded
+        else "every deployment runs its target replicas"
+    )
+    return Readiness(True, reason, deployments)
+
+
+def serve_details() -> dict[str, Any]:
+    """Serve's instance details from its controller (blocking: call it off the event loop).
+    The same call ``serve.status()`` makes, without rebuilding its pydantic models."""
+    from ray.serve.context import _get_global_client
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    if client is None:
+        return {}
+    details: dict[str, Any] = client.get_serve_details()
+    return details

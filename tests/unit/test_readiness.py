@@ -1,0 +1,115 @@
+"""serve_app.readiness: ready while every deployment has a RUNNING replica; degraded listed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from serve_app.readiness import decide
+
+
+def dep(status: str, target: int, *states: str) -> dict[str, Any]:
+    """One deployment in the shape of Serve's instance details."""
+    return {
+        "status": status,
+        "target_num_replicas": target,
+        "replicas": [{"state": s, "replica_id": f"r{i}"} for i, s in enumerate(states)],
+    }
+
+
+def details(**apps: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "applications": {
+            name: {"status": "RUNNING", "deployments": deps} for name, deps in apps.items()
+        }
+    }
+
+
+def test_nothing_deployed_is_not_ready() -> None:
+    for empty in ({}, {"applications": {}}):
+        state = decide(empty)
+        assert (state.ready, state.reason) == (False, "no application is deployed")
+        assert state.to_json() == {
+            "ready": False,
+            "reason": "no application is deployed",
+            "degraded": [],
+        }
+
+
+def test_all_replicas_running_is_ready_and_not_degraded() -> None:
+    state = decide(details(emb={"model": dep("HEALTHY", 2, "RUNNING", "RUNNING")}))
+    assert state.ready is True
+    assert state.reason == "every deployment runs its target replicas"
+    assert state.to_json() == {
+        "ready": True,
+        "reason": "every deployment runs its target replicas",
+        "degraded": [],
+    }
+
+
+def test_one_dead_replica_of_four_is_still_ready_but_degraded() -> None:
+    four = dep("UNHEALTHY", 4, "RUNNING", "RUNNING", "RUNNING", "STARTING")
+    state = decide(details(emb={"model": four}))
+    assert state.ready is True
+    assert state.reason == "every deployment has a RUNNING replica; 1 degraded"
+    body = state.to_json(verbose=True)
+    assert body["degraded"] == ["emb/model"]
+    assert body["deployments"] == [
+        {
+            "app": "emb",
+            "deployment": "model",
+            "status": "UNHEALTHY",
+            "running": 3,
+            "target": 4,
+            "replica_states": {"RUNNING": 3, "STARTING": 1},
+            "reasons": ["3 of 4 replicas running", "status UNHEALTHY"],
+            "degraded": True,
+        }
+    ]
+
+
+def test_a_deployment_with_no_running_replica_makes_it_unready() -> None:
+    state = decide(
+        details(
+            emb={"model": dep("HEALTHY", 1, "RUNNING")},
+            images={"model": dep("UPDATING", 1, "STARTING")},
+        )
+    )
+    assert state.ready is False
+    assert state.reason == "images/model has no RUNNING replica"
+    assert state.to_json()["degraded"] == ["images/model"]
+
+
+def test_updating_counts_as_degraded_even_at_target() -> None:
+    state = decide(details(emb={"model": dep("UPDATING", 1, "RUNNING", "STOPPING")}))
+    assert state.ready is True
+    assert [d.reasons for d in state.degraded] == [["status UPDATING"]]
+
+
+def test_an_application_without_deployments_yet_is_not_ready() -> None:
+    raw = {"applications": {"emb": {"status": "DEPLOYING", "deployments": {}}}}
+    state = decide(raw)
+    assert (state.ready, state.reason) == (False, "emb has no deployment yet (DEPLOYING)")
+
+
+def test_scaled_to_zero_target_with_no_replica_is_not_ready() -> None:
+    # Nothing can answer, whatever the target says.
+    state = decide(details(emb={"model": dep("HEALTHY", 0)}))
+    assert state.ready is False and state.degraded == []
+
+
+def test_enum_values_are_read_as_their_strings() -> None:
+    from ray.serve._private.common import DeploymentStatus, ReplicaState
+
+    raw = details(
+        emb={
+            "model": {
+                "status": DeploymentStatus.HEALTHY,
+                "target_num_replicas": 1,
+                "replicas": [{"state": ReplicaState.RUNNING}],
+            }
+        }
+    )
+    state = decide(raw)
+    assert state.ready is True
+    assert state.deployments[0].status == "HEALTHY"
+    assert state.deployments[0].replica_states == {"RUNNING": 1}
