@@ -17,6 +17,7 @@ from starlette.responses import HTMLResponse, Response
 
 from serve_app import readiness
 from serve_app.adapters import make_adapter
+from serve_app.adapters.imagedecode import ItemError
 from serve_app.autoscale import replica_autoscaling_stats
 from serve_app.batcher import Batcher
 from serve_app.config import AppArgs, parse_args
@@ -222,6 +223,8 @@ class ModelServer:
             decoded = await asyncio.to_thread(self.adapter.decode, body, content_type, query)
         results = await self._batcher.submit(decoded.items)
         for r in results:
+            if isinstance(r, ItemError):  # an item the batch could not decode: a 4xx
+                raise r.error
             if isinstance(r, ItemTooLarge):
                 budget = self.partition.budget
                 cap = format_bytes(budget.cap_bytes) if budget else "n/a"
