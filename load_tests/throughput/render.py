@@ -98,7 +98,7 @@ def render_markdown(
                     fmt_rate(o.get("requests_per_s")),
                     fmt_rate(o.get("max_carried_per_s")),
                     fmt_ms(o.get("p99_ms")),
-                    _status(w) if w.get("status") != "ok" else _status(o),
+                    _status(w) if w.get("status") != "ok" or not o else _status(o),
                 ]
             )
         header = ["payload", "wrk req/s", "wrk p99", "open-loop sustained req/s"]

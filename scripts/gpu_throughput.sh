@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# On the GPU host: the throughput benchmark (python -m load_tests.throughput) in one command
+# of at most 10 minutes, results copied to $OUT (throughput.json, meta.json, server_reports.json,
+# the workers' logs, the rendered tables in tables.md, and everything in throughput.tgz).
+#
+# Needs .whl and .tools carried (wrk lives in .tools), after the install line of
+# ../shared/gpu-host/README.md:
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+#     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; \
+#   export PYTHONUNBUFFERED=1; OUT=... bash scripts/gpu_throughput.sh [--max-time-s 540] [ARGS]
+#
+# Every other argument goes to load_tests.throughput (e.g. --models minilm, --replicas 4,8,
+# --mps). The run stops starting setups when its budget (--max-time-s, default 540 s) is
+# spent, notes the rest as skipped, and always writes what it measured. The whole matrix takes
+# more than one 10-minute run: to add to an earlier run's results, carry its throughput.json in
+# the working tree and pass PREVIOUS=that/throughput.json with --merge (and --phases serve,noop
+# to skip the ceilings measured then). Cores: the first half of the host's cores serve, the second half load (16 and
+# 16 on the 32-core host), unless --server-cores / --client-cores say otherwise.
+set -u
+export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}" RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
+export LD_LIBRARY_PATH="$PWD/.tools${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+OUT="${OUT:-/tmp/gpu-out}"; RES="${RES:-/tmp/throughput}"; mkdir -p "$OUT" "$RES"
+if [ -n "${PREVIOUS:-}" ]; then cp "$PREVIOUS" "$RES/throughput.json" || exit 2; fi
+MAX_TIME_S=540
+args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --max-time-s) MAX_TIME_S="$2"; shift 2 ;;
+    --max-time-s=*) MAX_TIME_S="${1#*=}"; shift ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+nvidia-smi -L 2>&1 | head -4
+echo "cores: $(nproc); wrk: $(.tools/wrk --version 2>&1 | head -1 || echo none)"
+python3 -c "import aiohttp, numpy, pynvml; print('aiohttp', aiohttp.__version__)" \
+  || echo "WARNING: a client library is missing"
+# The python run keeps to MAX_TIME_S; timeout only catches a hang, leaving time to copy.
+timeout -k 10 $((MAX_TIME_S + 30)) python3 -m load_tests.throughput --out "$RES" \
+  --max-time-s "$MAX_TIME_S" ${args[@]+"${args[@]}"} > "$RES/run.log" 2>&1
+echo "load_tests.throughput exit $?" | tee -a "$RES/run.log"
+grep -E "^\[|exit|Traceback|Error" "$RES/run.log" | tail -60
+python3 -m load_tests.throughput.render "$RES/throughput.json" > "$RES/tables.md" 2>&1
+cat "$RES/tables.md"
+cp "$RES"/*.json "$RES"/tables.md "$RES"/run.log "$OUT"/ 2>/dev/null  # worker logs: in the tgz
+tar -czf "$OUT/throughput.tgz" -C "$RES" .
+ls -la "$OUT"

@@ -1,0 +1,113 @@
+"""The throughput benchmark on the CPU: its clients against HAProxy's static no-op, and the
+documented dry run (``--device cpu --quick``, one input per request) end to end, bounded in
+time. wrk is used when this machine has it (.tools/wrk or PATH); else its rows must say so."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from load_tests.throughput.measure import Clients
+from load_tests.throughput.noop_server import NoopHAProxy
+from load_tests.throughput.openloop import OpenLoopPool
+from load_tests.throughput.options import default_cores
+from load_tests.throughput.payload import model_payload
+from load_tests.throughput.rows import ROW_KEYS
+from load_tests.throughput.wrk import WrkTarget, find_wrk
+
+ROOT = Path(__file__).resolve().parents[2]
+WRK = find_wrk(str(ROOT / ".tools" / "wrk"))
+
+
+def _cfg() -> dict[str, object]:
+    server, client = default_cores(sorted(os.sched_getaffinity(0)))
+    return {
+        "server_cores": server,
+        "client_cores": client,
+        "connections": [4, 16],
+        "duration_s": 1.0,
+        "warmup_s": 0.3,
+        "openloop_connections": 8,
+        "openloop_fraction": 0.8,
+        "fixed_rate_without_wrk": 100.0,
+        "seed": 0,
+        "poisson": True,
+        "wrk": str(ROOT / ".tools" / "wrk"),
+    }
+
+
+def test_both_clients_against_the_static_noop(tmp_path: Path) -> None:
+    cfg = _cfg()
+    payload = model_payload("resnet50", 1)
+    server = NoopHAProxy(cfg["server_cores"], len(payload.body), tmp_path)  # type: ignore[arg-type]
+    pool = OpenLoopPool(cfg["client_cores"], 1, tmp_path)  # type: ignore[arg-type]
+    url = server.base_url + payload.path
+    try:
+        clients = Clients(WRK, pool, cfg, tmp_path, print)
+        target = WrkTarget(url, payload.headers, payload.write(tmp_path))
+        tries = clients.wrk_tries(target, 1.0)
+        point = clients.openloop(url, payload, 200.0, 1.0)
+    finally:
+        pool.close()
+        server.stop()
+    if WRK is None:
+        assert tries == []
+    else:
+        assert [t["connections"] for t in tries] == [4, 16]
+        for t in tries:
+            assert t["errors"] == 0 and t["requests_per_s"] > 500, t
+    # 200/s for 1 s: a Poisson count, within 5 standard deviations (about 14 each).
+    assert 130 <= point["requests"] <= 270, point
+    assert point["errors"] == 0 and point["ok"] == point["requests"], point
+    assert 0 < point["p50_ms"] <= point["p99_ms"] <= point["max_ms"], point
+
+
+def test_cpu_quick_dry_run_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "tp"
+    cmd = [sys.executable, "-m", "load_tests.throughput", "--out", str(out), "--device", "cpu"]
+    cmd += ["--quick", "--inputs-per-request", "1", "--max-time-s", "110"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=200)
+    detail = proc.stdout[-4000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, detail
+    table = json.loads((out / "throughput.json").read_text())
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["cores"]["server"] and meta["machine"]["ray_version"], meta
+    assert all(set(ROW_KEYS) <= set(r) for r in table)
+    by = {(r["setup"], r["client"]): r for r in table if r["setup"] != "in_process"}
+
+    ceiling = next(r for r in table if r["setup"] == "in_process")
+    assert ceiling["status"] == "ok" and ceiling["ceiling_items_per_s"] > 0, ceiling
+
+    for setup in ("client_ceiling", "serve_app", "ray_serve_noop"):
+        wrk_row, open_row = by[(setup, "wrk")], by[(setup, "open-loop")]
+        assert open_row["status"] == "ok", (setup, open_row, detail)
+        assert open_row["errors"] == 0 and open_row["requests_per_s"] > 0, open_row
+        if WRK is None:
+            assert wrk_row["status"] == "skipped" and "no wrk" in wrk_row["note"]
+        else:
+            assert wrk_row["status"] == "ok", (setup, wrk_row, detail)
+            assert wrk_row["requests_per_s"] > 0 and wrk_row["errors"] == 0, wrk_row
+
+    served = by[("serve_app", "open-loop")]
+    assert served["model"] == "minilm" and served["replicas"] == 1
+    assert served["ceiling_items_per_s"] == ceiling["ceiling_items_per_s"]
+    client = [r for r in table if r["setup"] == "client_ceiling" and r["client"] == "open-loop"]
+    assert {r["payload"] for r in client} == {"minilm-x1-float", "noop"}
+    same = next(r for r in client if r["payload"] == served["payload"])
+    assert served["client_ceiling_requests_per_s"] == same["requests_per_s"]
+    assert served["budget_violations"] is None and "no NVML" in served["note"]  # CPU run
+    assert (out / "server_reports.json").is_file()
+
+    render = subprocess.run(
+        [sys.executable, "-m", "load_tests.throughput.render", str(out / "throughput.json")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert render.returncode == 0, render.stderr
+    assert "### serve_app: MiniLM-L6 embeddings" in render.stdout
+    assert "### Plain Ray Serve no-op behind the same HAProxy ingress" in render.stdout
