@@ -125,10 +125,10 @@ class AppArgs(BaseModel):
     image_decode: Literal["auto", "cpu", "gpu"] = Field(
         default="auto",
         description="Image classification: where JPEGs are decoded. auto: on the GPU (nvJPEG "
-        "through torchvision, in batches) when the replica has a GPU and torchvision can "
-        "decode there, else on the CPU with Pillow; cpu: always Pillow, on the request path; "
-        "gpu: nvJPEG, and a replica without it fails at start-up. PNG and other non-YCbCr "
-        "JPEGs always use Pillow.",
+        "through torchvision, batched, cropped there as Pillow would) when the replica has a "
+        "GPU and torchvision can decode there, else with Pillow on the request path; cpu: "
+        "always Pillow; gpu: nvJPEG, and a replica without it fails at start-up. PNG, CMYK "
+        "and other JPEGs nvJPEG does not take go through Pillow either way.",
     )
     top_k: int = Field(default=5, ge=1, le=1000)
     memory: MemoryArgs = Field(default_factory=MemoryArgs)

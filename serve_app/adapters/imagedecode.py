@@ -220,6 +220,20 @@ def use_gpu_decode(args: AppArgs, device: torch.device) -> bool:
     return False
 
 
+def startup_decoder_memory(
+    args: AppArgs, device: torch.device, used_bytes: Callable[[], int | None]
+) -> DecoderMemory | None:
+    """At a replica's start-up, before its torch cap: ``measure_decoder_bytes`` when it will
+    decode on the GPU (``use_gpu_decode``), else None.
+
+    Raises:
+        StartupError: ``image_decode: gpu`` without nvJPEG, or NVML unreadable.
+    """
+    if not use_gpu_decode(args, device):
+        return None
+    return measure_decoder_bytes(device, args.max_image_pixels, used_bytes)
+
+
 def decoder_probe_batches(
     max_image_pixels: int,
     chunk_pixels: int = DECODE_CHUNK_PIXELS,

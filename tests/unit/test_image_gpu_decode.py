@@ -28,6 +28,7 @@ from serve_app.adapters.imagedecode import (
     decoder_probe_batches,
     group_by_shape,
     plan_chunks,
+    startup_decoder_memory,
     use_gpu_decode,
 )
 from serve_app.adapters.imagefile import (
@@ -513,6 +514,17 @@ def test_use_gpu_decode_resolution_off_cuda() -> None:
     assert (
         use_gpu_decode(parse_args({"adapter": "embeddings", "image_decode": "gpu"}), CPU) is False
     )
+
+
+def test_startup_decoder_memory_only_for_a_gpu_decode_replica() -> None:
+    def never() -> int:
+        raise AssertionError("NVML read for a replica that does not decode on the GPU")
+
+    image = {"adapter": "image-classification", "load_format": "dummy"}
+    assert startup_decoder_memory(parse_args(image), CPU, never) is None
+    assert startup_decoder_memory(parse_args({"adapter": "embeddings"}), CPU, never) is None
+    with pytest.raises(StartupError, match="args.image_decode"):
+        startup_decoder_memory(parse_args({**image, "image_decode": "gpu"}), CPU, never)
 
 
 def test_image_decode_setting_is_validated() -> None:
