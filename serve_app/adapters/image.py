@@ -203,6 +203,7 @@ class ImageClassifierAdapter:
         self.device = device
         if gpu_decode:
             self._gpu = GpuJpegDecoder(device, self.args.image_size)
+            self._pool()  # now, not lazily from two threads at once
             self.decode_inline = True
             logger.info("image_decode: JPEGs decode on %s with nvJPEG, in batches", device)
 
