@@ -264,6 +264,7 @@ class DecoderMemory:
         before_bytes: the NVML reading before the probe.
         high_bytes: the highest NVML reading after each probe decode (torch's cache emptied).
         reserved_delta_bytes: torch's reserved bytes after the probe minus before.
+        refused_images: probe images nvJPEG refused (at run time such images go to Pillow).
         probe_s: seconds the probe took (encoding its images included).
     """
 
@@ -271,6 +272,7 @@ class DecoderMemory:
     before_bytes: int
     high_bytes: int
     reserved_delta_bytes: int
+    refused_images: int
     probe_s: float
 
 
@@ -304,9 +306,21 @@ def measure_decoder_bytes(
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     before, reserved_before = read(), int(torch.cuda.memory_reserved(device))
-    high = before
+    high, refused = before, 0
     for batch in decoder_probe_batches(max_image_pixels):
-        images = decode([_u8_tensor(b) for b in batch])
+        try:
+            images = decode([_u8_tensor(b) for b in batch])
+        except RuntimeError as exc:
+            if is_torch_oom(exc):
+                raise
+            refused += len(batch)
+            logger.warning(
+                "nvJPEG refused a probe batch of %d images (%s); at run time such images "
+                "go to Pillow",
+                len(batch),
+                str(exc)[:200],
+            )
+            continue
         del images
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
@@ -317,6 +331,7 @@ def measure_decoder_bytes(
         before_bytes=before,
         high_bytes=high,
         reserved_delta_bytes=reserved_delta,
+        refused_images=refused,
         probe_s=time.perf_counter() - t0,
     )
     logger.info(

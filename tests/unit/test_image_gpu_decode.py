@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 from serve_app.adapters import image as image_mod
-from serve_app.adapters import imageresize
+from serve_app.adapters import imagedecode, imageresize
 from serve_app.adapters.image import ImageClassifierAdapter
 from serve_app.adapters.imagedecode import (
     GpuJpegDecoder,
@@ -525,6 +525,37 @@ def test_startup_decoder_memory_only_for_a_gpu_decode_replica() -> None:
     assert startup_decoder_memory(parse_args({"adapter": "embeddings"}), CPU, never) is None
     with pytest.raises(StartupError, match="args.image_decode"):
         startup_decoder_memory(parse_args({**image, "image_decode": "gpu"}), CPU, never)
+
+
+def test_measure_decoder_bytes_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
+    # NVML grows by 96 MiB over the probe while torch's reserved bytes grow by 32 MiB: nvJPEG
+    # kept 64 MiB outside torch. The progressive probe is refused, and counted.
+    mib = 1 << 20
+    state = {"calls": 0, "reserved": 10 * mib}
+
+    def fake_decoder(device: torch.device) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+        def decode(data: list[torch.Tensor]) -> list[torch.Tensor]:
+            if Image.open(io.BytesIO(data[0].numpy().tobytes())).info.get("progressive"):
+                raise RuntimeError("Error while decoding JPEG images: Failed to decode batch")
+            state["calls"] += 1
+            state["reserved"] += 16 * mib
+            return pillow_decode(data[:1])
+
+        return decode
+
+    monkeypatch.setattr(imagedecode, "nvjpeg_decoder", fake_decoder)
+    for name in ("synchronize", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: state["reserved"])
+    used = lambda: 1000 * mib + 48 * mib * state["calls"]  # noqa: E731
+    memory = imagedecode.measure_decoder_bytes(CPU, 10_000, used)
+    assert state["calls"] == 2
+    assert memory.before_bytes == 1000 * mib and memory.high_bytes == 1096 * mib
+    assert memory.reserved_delta_bytes == 32 * mib
+    assert memory.raw_bytes == 64 * mib
+    assert memory.refused_images == 1
+    with pytest.raises(StartupError, match="image_decode"):
+        imagedecode.measure_decoder_bytes(CPU, 10_000, lambda: None)
 
 
 def test_image_decode_setting_is_validated() -> None:
