@@ -25,6 +25,7 @@ from typing import Any, Literal
 import torch
 
 from serve_app import env, nvml
+from serve_app.adapters.imagedecode import startup_decoder_memory
 from serve_app.config import AppArgs
 from serve_app.errors import StartupError
 from serve_app.memory import (
@@ -98,6 +99,16 @@ def _nvml_value(result: Any) -> Any | None:
     return None if isinstance(result, nvml.NvmlError) else result
 
 
+def _used_bytes(uuid: str) -> int | None:
+    """This process's NVML bytes on ``uuid``, or the device's used bytes where NVML does not
+    list the process (a PID namespace)."""
+    proc = _nvml_value(nvml.process_used_bytes(os.getpid(), uuid))
+    if proc is not None:
+        return int(proc)
+    dev = _nvml_value(nvml.device_memory(uuid))
+    return None if dev is None else int(dev.used_bytes)
+
+
 @dataclass
 class Partition:
     """The device a replica runs on and, on a GPU, its budget and cap."""
@@ -111,6 +122,7 @@ class Partition:
     cache_policy: str = "never"
     cache_threshold_fraction: float = 0.0
     cache_frees: int = 0
+    decoder_bytes: int = 0  # nvJPEG's buffers, inside the overhead (outside the torch cap)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -153,6 +165,10 @@ class Partition:
         torch.cuda.set_device(device)
         torch.zeros(1, device=device)  # creates the CUDA context: the overhead we measure
         torch.cuda.synchronize(device)
+        # nvJPEG's own device buffers (GPU image decode) are cudaMalloc'd outside the torch cap
+        # and kept for the process's life: grow them to their worst case now, so that the
+        # overhead measured below holds them beside the CUDA context.
+        decoder = startup_decoder_memory(args, device, lambda: _used_bytes(uuid))
         total_bytes = int(torch.cuda.get_device_properties(device).total_memory)
         reserved = int(torch.cuda.memory_reserved(device))
         proc = _nvml_value(nvml.process_used_bytes(os.getpid(), uuid))
@@ -201,6 +217,7 @@ class Partition:
             overhead_source=source,
             cache_policy=args.memory.cache_policy,
             cache_threshold_fraction=args.memory.cache_threshold_fraction,
+            decoder_bytes=decoder.raw_bytes if decoder else 0,
         )
 
     @classmethod
@@ -297,6 +314,7 @@ class Partition:
             "peak_allocated_bytes": snap.peak_allocated_bytes,
             "peak_reserved_bytes": snap.peak_reserved_bytes,
             "non_torch_overhead_bytes": budget.overhead_bytes if budget else 0,
+            "nvjpeg_bytes": self.decoder_bytes,
             "overhead_source": self.overhead_source,
             "nvml_process_bytes": proc,
             "cache_policy": self.cache_policy,

@@ -46,7 +46,7 @@ REPORT_MAX_AGE_S = 5.0
 
 # Bodies up to this size decode on the event loop when the adapter says its decode is cheap
 # (decode_inline); larger ones, and every body of an adapter whose decode is not, go to a thread.
-INLINE_DECODE_MAX_BYTES = 16 * 1024
+INLINE_DECODE_MAX_BYTES = 64 * 1024
 EMPTY_QUERY: dict[str, str] = {}
 
 
@@ -217,14 +217,15 @@ class ModelServer:
         body = await read_body(request, self.args.max_body_bytes)
         content_type = request.headers.get("content-type", "")
         query = request.query_params if request.scope.get("query_string") else EMPTY_QUERY
-        if getattr(self.adapter, "decode_inline", False) and len(body) <= INLINE_DECODE_MAX_BYTES:
+        if self.adapter.decode_inline and len(body) <= INLINE_DECODE_MAX_BYTES:
             decoded = self.adapter.decode(body, content_type, query)
         else:
             decoded = await asyncio.to_thread(self.adapter.decode, body, content_type, query)
         results = await self._batcher.submit(decoded.items)
         for r in results:
-            if isinstance(r, ItemError):  # an item the batch could not decode: a 4xx
-                raise r.error
+            if isinstance(r, ItemError):  # an item the batch could not decode: a 4xx first,
+                raise r.error  # as the CPU path, where decoding fails before any batch
+        for r in results:
             if isinstance(r, ItemTooLarge):
                 budget = self.partition.budget
                 cap = format_bytes(budget.cap_bytes) if budget else "n/a"

@@ -684,6 +684,8 @@ def failed_startups(base: str, results_dir: Path) -> Iterator[dict[str, Any]]:
                 "adapter": "image-classification",
                 "arch": "resnet152",
                 "load_format": "dummy",
+                # the budget is sized from an embeddings replica's overhead, without nvJPEG's
+                "image_decode": "cpu",
                 "model_name": model_app,
                 "memory": {"memory_fraction": model_fraction},
             },
