@@ -79,24 +79,25 @@ def client_phase(cfg: Mapping[str, Any], work: Path, deadline: float) -> list[di
         "mps": False,
     }
     out: list[dict[str, Any]] = []
-    server = NoopHAProxy(cfg["server_cores"], max(len(p.body) for p in payloads), work)
+    server = NoopHAProxy(cfg["server_cores"], payloads, work)
     pool = None
     try:
         pool = OpenLoopPool(cfg["client_cores"], cfg["openloop_procs"], work)
         clients = Clients(find_wrk(cfg["wrk"]), pool, cfg, work, log)
-        point_s = cfg["ceiling_duration_s"] + cfg["warmup_s"] + 1.5
+        point_s = cfg["ceiling_duration_s"] + cfg["ceiling_warmup_s"] + 1.5
         per_payload_s = (
             len(cfg["connections"]) * (cfg["ceiling_duration_s"] + 1.5)
             + cfg["ceiling_max_points"] * point_s
         )
         for p in payloads:
             c = dict(common, model=p.model, payload=p.key, inputs_per_request=p.inputs_per_request)
+            c["response_bytes"] = len(p.response)
             if deadline - time.time() < per_payload_s:
                 for client in ("wrk", "open-loop"):
                     out.append(rowlib.status_row(c, client, "skipped", "time budget"))
                 continue
             log(f"client ceiling: {p.key} ({p.description}) against HAProxy's no-op")
-            out += measure_client_ceiling(clients, server.base_url, p, c)
+            out += measure_client_ceiling(clients, server.url_for(p), p, c)
     finally:
         if pool is not None:
             pool.close()

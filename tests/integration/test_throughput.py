@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from load_tests.throughput.measure import Clients
+from load_tests.throughput.measure import Clients, probe
 from load_tests.throughput.noop_server import NoopHAProxy
 from load_tests.throughput.openloop import OpenLoopPool
 from load_tests.throughput.options import default_cores
@@ -34,6 +34,7 @@ def _cfg() -> dict[str, object]:
         "openloop_fraction": 0.8,
         "fixed_rate_without_wrk": 100.0,
         "seed": 0,
+        "pause_s": 0.3,
         "poisson": True,
         "wrk": str(ROOT / ".tools" / "wrk"),
     }
@@ -42,10 +43,13 @@ def _cfg() -> dict[str, object]:
 def test_both_clients_against_the_static_noop(tmp_path: Path) -> None:
     cfg = _cfg()
     payload = model_payload("resnet50", 1)
-    server = NoopHAProxy(cfg["server_cores"], len(payload.body), tmp_path)  # type: ignore[arg-type]
+    server = NoopHAProxy(cfg["server_cores"], [payload], tmp_path)  # type: ignore[arg-type]
     pool = OpenLoopPool(cfg["client_cores"], 1, tmp_path)  # type: ignore[arg-type]
-    url = server.base_url + payload.path
+    url = server.url_for(payload)
     try:
+        status, answer = probe(url, payload)
+        assert (status, answer) == (200, payload.response)
+        assert probe(server.base_url + "/other", payload) == (200, b"{}")
         clients = Clients(WRK, pool, cfg, tmp_path, print)
         target = WrkTarget(url, payload.headers, payload.write(tmp_path))
         tries = clients.wrk_tries(target, 1.0)
@@ -68,7 +72,7 @@ def test_both_clients_against_the_static_noop(tmp_path: Path) -> None:
 def test_cpu_quick_dry_run_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "tp"
     cmd = [sys.executable, "-m", "load_tests.throughput", "--out", str(out), "--device", "cpu"]
-    cmd += ["--quick", "--inputs-per-request", "1", "--max-time-s", "110"]
+    cmd += ["--quick"]  # as documented: one replica, one input per request, tiny durations
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=200)
     detail = proc.stdout[-4000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, detail

@@ -184,6 +184,23 @@ def test_ceiling_search_steps_down_when_the_start_fails() -> None:
     assert _search(1000, 25000, 200000) == [25000, 6250, 1562]
 
 
+def test_client_ceiling_is_the_highest_rate_offered_and_sustained() -> None:
+    def point(offered: float, carried: float, keeps_up: bool = True) -> dict[str, object]:
+        return {
+            "offered_per_s": offered,
+            "scheduled_per_s": offered,
+            "requests_per_s": carried,
+            "errors": 0,
+            "client_keeps_up": keeps_up,
+        }
+
+    points = [point(25000, 24990), point(50000, 49000), point(100000, 61000, keeps_up=False)]
+    got = stats.client_ceiling(points)
+    assert got["sustained_per_s"] == 50000 and got["sustained_offered_per_s"] == 50000
+    assert got["max_carried_per_s"] == 61000 and got["best_point"] is points[1]
+    assert stats.client_ceiling([point(100, 10)])["sustained_per_s"] is None
+
+
 # ------------------------------------------------------------------ memory, shares
 
 
@@ -274,15 +291,29 @@ def test_payloads() -> None:
     b64 = json.loads(model_payload("minilm", 16, "base64").body)
     assert len(b64["input"]) == 16 and b64["encoding_format"] == "base64"
     assert noop_payload().body == b"{}"
+    # The no-op's answers are shaped like serve_app's: 384 shortest float32 per text.
+    vectors = json.loads(model_payload("minilm", 2).response)["data"]
+    assert [len(v["embedding"]) for v in vectors] == [384, 384]
+    assert sum(x * x for x in vectors[0]["embedding"]) == pytest.approx(1.0, abs=1e-5)
+    b64 = json.loads(model_payload("minilm", 1, "base64").response)["data"][0]["embedding"]
+    assert len(b64) == 2048  # base64 of 384 float32
+    tops = json.loads(model_payload("resnet50", 3).response)["data"]
+    assert [len(t["top_k"]) for t in tops] == [5, 5, 5]
     with pytest.raises(ValueError):
         model_payload("gpt", 1)
 
 
 def test_haproxy_noop_config() -> None:
-    text = haproxy_config(18999, 16, bufsize_for(20_000), max_connections(20000))
+    answers = {"minilm-x1-float": Path("/w/minilm-x1-float.response")}
+    text = haproxy_config(18999, 16, bufsize_for(20_000), max_connections(20000), answers)
     assert "bind 127.0.0.1:18999" in text and "nbthread 16" in text
     assert "option http-buffer-request" in text
-    assert 'http-request return status 200 content-type application/json string "{}"' in text
+    ret = "http-request return status 200 content-type application/json"
+    lines = text.splitlines()
+    first = lines.index(
+        f"  {ret} file /w/minilm-x1-float.response if {{ path_beg /minilm-x1-float/ }}"
+    )
+    assert lines[first + 1] == f'  {ret} string "{{}}"'  # anything else: {}
     assert "tune.bufsize 32768" in text and "maxconn 9900" in text
     assert bufsize_for(2) == 16384 and bufsize_for(400_000) == 524288
 
