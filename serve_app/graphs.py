@@ -18,6 +18,7 @@ forward pass's activations; it lives inside the replica's torch cap like any oth
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -46,6 +47,14 @@ def graph_batch_sizes(limit: int) -> list[int]:
             sizes.append(n + n // 2)
         n *= 2
     return sorted({*sizes, limit})
+
+
+@functools.cache
+def side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one side stream on which every capture, and its eager warm-up, runs in this
+    process: cuBLAS keeps a workspace per stream it has run on, so a new stream per capture
+    left one workspace per shape in the pool."""
+    return torch.cuda.Stream(device)
 
 
 def bucket_for(n: int, buckets: Sequence[int]) -> int | None:
@@ -77,9 +86,6 @@ class GraphSet:
         self.device = device
         self._graphs: dict[Hashable, _Captured] = {}
         self._pool: Any = None
-        # One side stream for every capture and its eager warm-up: cuBLAS keeps a workspace per
-        # stream it has run on, so a new stream per capture left one workspace per shape.
-        self._stream: torch.cuda.Stream | None = None
         self.capture_s = 0.0
         self.skipped: list[Hashable] = []
         self.replays = 0
@@ -97,9 +103,7 @@ class GraphSet:
         t0 = time.perf_counter()
         try:
             static = tuple(t.clone() for t in example)
-            if self._stream is None:
-                self._stream = torch.cuda.Stream(self.device)
-            stream = self._stream
+            stream = side_stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream), torch.inference_mode():
                 for _ in range(CAPTURE_WARMUP_RUNS):

@@ -122,7 +122,7 @@ class Partition:
     cache_policy: str = "never"
     cache_threshold_fraction: float = 0.0
     cache_frees: int = 0
-    decoder_bytes: int = 0  # nvJPEG's buffers, inside the overhead (outside the torch cap)
+    decoder_bytes: int = 0  # nvJPEG's buffers and margin, in the overhead (outside the torch cap)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -190,6 +190,8 @@ class Partition:
                 "cannot measure this replica's CUDA context through NVML (is the NVIDIA "
                 "driver's libnvidia-ml available?); serve_app needs it to apply the memory cap"
             )
+        if decoder is not None:  # its measured buffers are in the overhead; add the margin
+            overhead += decoder.reserve_bytes - decoder.raw_bytes
         try:
             budget = plan_budget(num_gpus, total_bytes, overhead, args.memory.memory_fraction)
             free_bytes, _ = torch.cuda.mem_get_info(device)
@@ -217,7 +219,7 @@ class Partition:
             overhead_source=source,
             cache_policy=args.memory.cache_policy,
             cache_threshold_fraction=args.memory.cache_threshold_fraction,
-            decoder_bytes=decoder.raw_bytes if decoder else 0,
+            decoder_bytes=decoder.reserve_bytes if decoder else 0,
         )
 
     @classmethod

@@ -40,6 +40,9 @@ logger = logging.getLogger("serve_app")
 # bounded whatever the batch size.
 DECODE_CHUNK_PIXELS = 1 << 24
 DECODE_CHUNK_IMAGES = 256
+# Room kept for nvJPEG's buffers beyond what the start-up probe measured (see reserve_bytes).
+DECODER_MARGIN_FRACTION = 0.25
+DECODER_MARGIN_BYTES = 64 * 1024**2
 
 
 @dataclass(frozen=True)
@@ -274,6 +277,16 @@ class DecoderMemory:
     reserved_delta_bytes: int
     refused_images: int
     probe_s: float
+
+    @property
+    def reserve_bytes(self) -> int:
+        """What the replica sets aside outside its torch cap for nvJPEG: ``raw_bytes`` and a
+        margin (DECODER_MARGIN_*). On the H200, a mix of sizes after the probe grew nvJPEG's
+        buffers 111 MB (18%) past what the probe had measured
+        (docs/results/gpu_tests/decode/image_decode_gpu.json)."""
+        return self.raw_bytes + max(
+            DECODER_MARGIN_BYTES, int(self.raw_bytes * DECODER_MARGIN_FRACTION)
+        )
 
 
 def measure_decoder_bytes(
