@@ -86,11 +86,13 @@ class AppArgs(BaseModel):
         "batch that fits the budget and this caps it; on the CPU it defaults to 32.",
     )
     batch_wait_timeout_s: float = Field(
-        default=0.005,
+        default=0.0,
         ge=0,
         le=10,
-        description="How long a batch may wait for more inputs after its first arrived; a "
-        "backlog runs at once.",
+        description="How long a batch may wait for more inputs after its first arrived. The "
+        "default, 0, runs a batch as soon as the model is free: under load, the next batch "
+        "fills while the current one runs, and a wait only adds to every request's latency "
+        "(and so caps a closed-loop client's throughput).",
     )
     warmup: bool = Field(
         default=True,
