@@ -1,6 +1,10 @@
 """Probe: when must CUDA_MPS_PINNED_DEVICE_MEM_LIMIT be set for an MPS client to honour it?
 
-Run on a GPU host with an MPS control daemon up (``nvidia-cuda-mps-control -d``). Each case
+Run on a GPU host with an MPS control daemon up (``nvidia-cuda-mps-control -d``). A client
+sees the devices of the daemon's own CUDA_VISIBLE_DEVICES, renumbered from 0: a daemon started
+with CUDA_VISIBLE_DEVICES=1 serves its clients that GPU as device 0, and a client that sets
+CUDA_VISIBLE_DEVICES=1 itself sees no GPU at all ("No CUDA GPUs are available", seen on the
+H200 host). Each case
 runs in a fresh process: it sets the limit at a different moment (before importing torch, after
 ``torch.cuda.is_available()``, after the CUDA context exists), then asks for more than the limit
 with ``torch.empty`` and, past PyTorch's allocator, with a raw ``cudaMalloc`` through ctypes.
