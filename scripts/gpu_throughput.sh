@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU host: the throughput benchmark (python -m load_tests.throughput) in one command
-# of at most 10 minutes, results copied to $OUT (throughput.json, meta.json, server_reports.json,
-# the workers' logs, the rendered tables in tables.md, and everything in throughput.tgz).
+# of at most 10 minutes. Results are written straight into $OUT/throughput as they arrive (so a
+# command cut short still returns them): throughput.json, meta.json, server_reports.json, the
+# workers' logs, run.log and the rendered tables in tables.md.
 #
 # Needs .whl and .tools carried (wrk lives in .tools), after the install line of
 # ../shared/gpu-host/README.md:
@@ -14,12 +15,13 @@
 # spent, notes the rest as skipped, and always writes what it measured. The whole matrix takes
 # more than one 10-minute run: to add to an earlier run's results, carry its throughput.json in
 # the working tree and pass PREVIOUS=that/throughput.json with --merge (and --phases serve,noop
-# to skip the ceilings measured then). Cores: the first half of the host's cores serve, the second half load (16 and
-# 16 on the 32-core host), unless --server-cores / --client-cores say otherwise.
+# to skip the ceilings measured then). Cores: the first half of the host's cores serve, the
+# second half load (16 and 16 on the 32-core host), unless --server-cores / --client-cores say
+# otherwise. The run's plan (which jobs, about how long each) is the first line of run.log.
 set -u
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}" RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
 export LD_LIBRARY_PATH="$PWD/.tools${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-OUT="${OUT:-/tmp/gpu-out}"; RES="${RES:-/tmp/throughput}"; mkdir -p "$OUT" "$RES"
+OUT="${OUT:-/tmp/gpu-out}"; RES="$OUT/throughput"; mkdir -p "$RES"
 if [ -n "${PREVIOUS:-}" ]; then cp "$PREVIOUS" "$RES/throughput.json" || exit 2; fi
 MAX_TIME_S=540
 args=()
@@ -31,16 +33,16 @@ while [ $# -gt 0 ]; do
   esac
 done
 nvidia-smi -L 2>&1 | head -4
-echo "cores: $(nproc); wrk: $(.tools/wrk --version 2>&1 | head -1 || echo none)"
+if [ -x .tools/wrk ]; then wrk_v=$(.tools/wrk --version 2>&1 | head -1); else wrk_v=none; fi
+echo "cores: $(nproc); wrk: $wrk_v"
 python3 -c "import aiohttp, numpy, pynvml; print('aiohttp', aiohttp.__version__)" \
   || echo "WARNING: a client library is missing"
-# The python run keeps to MAX_TIME_S; timeout only catches a hang, leaving time to copy.
+# The python run keeps to MAX_TIME_S (its workers stop starting work 40 s before); timeout
+# only catches a hang.
 timeout -k 10 $((MAX_TIME_S + 30)) python3 -m load_tests.throughput --out "$RES" \
   --max-time-s "$MAX_TIME_S" ${args[@]+"${args[@]}"} > "$RES/run.log" 2>&1
 echo "load_tests.throughput exit $?" | tee -a "$RES/run.log"
 grep -E "^\[|exit|Traceback|Error" "$RES/run.log" | tail -60
 python3 -m load_tests.throughput.render "$RES/throughput.json" > "$RES/tables.md" 2>&1
 cat "$RES/tables.md"
-cp "$RES"/*.json "$RES"/tables.md "$RES"/run.log "$OUT"/ 2>/dev/null  # worker logs: in the tgz
-tar -czf "$OUT/throughput.tgz" -C "$RES" .
-ls -la "$OUT"
+ls -la "$RES"

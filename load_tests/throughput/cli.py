@@ -20,6 +20,7 @@ from typing import Any
 from load_tests.side_by_side.util import _error, _write_json, log, machine_info
 from load_tests.throughput import rows as rowlib
 from load_tests.throughput.options import build_parser, format_cores, make_config
+from load_tests.throughput.setups import client_ceiling_est_s, plan_estimate
 from load_tests.throughput.workers import spawn, wait_worker, worker_main
 
 SCHEMA_VERSION = 1
@@ -84,11 +85,7 @@ def client_phase(cfg: Mapping[str, Any], work: Path, deadline: float) -> list[di
     try:
         pool = OpenLoopPool(cfg["client_cores"], cfg["openloop_procs"], work)
         clients = Clients(find_wrk(cfg["wrk"]), pool, cfg, work, log)
-        point_s = cfg["ceiling_duration_s"] + cfg["ceiling_warmup_s"] + 1.5
-        per_payload_s = (
-            len(cfg["connections"]) * (cfg["ceiling_duration_s"] + 1.5)
-            + cfg["ceiling_max_points"] * point_s
-        )
+        per_payload_s = client_ceiling_est_s(cfg)
         for p in payloads:
             c = dict(common, model=p.model, payload=p.key, inputs_per_request=p.inputs_per_request)
             c["response_bytes"] = len(p.response)
@@ -196,6 +193,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "flags": [],
     }
     parts: dict[str, list[dict[str, Any]]] = {"ceiling": [], "client": [], "serve": []}
+    plan = plan_estimate(cfg, plan_jobs(cfg["models"], cfg["replicas"], cfg["phases"]))
+    meta["plan"] = plan
+    log(
+        f"plan: {len(plan['jobs'])} jobs ({', '.join(j['key'] for j in plan['jobs'])}); about "
+        f"{plan['total_s']} s in all for a budget of {cfg['max_time_s']:.0f} s, so about "
+        f"{plan['jobs_fitting']} jobs fit; the rest will be skipped and noted"
+    )
 
     def save() -> None:
         rows = rowlib.merge_rows(previous, [r for p in parts.values() for r in p])

@@ -84,7 +84,11 @@ async def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
     start_late_s = max(0.0, -delay_s)
     cpu0 = time.process_time()
     async with aiohttp.ClientSession(
-        connector=connector, timeout=timeout, auto_decompress=False, skip_auto_headers=["Accept"]
+        connector=connector,
+        timeout=timeout,
+        auto_decompress=False,
+        # Only Host, Content-Type and Content-Length, as wrk sends: no compressed answers.
+        skip_auto_headers=["Accept", "Accept-Encoding", "User-Agent"],
     ) as session:
         t0 = clock()
 
@@ -135,12 +139,13 @@ async def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _run(coro: Any) -> Any:
+    """``coro`` on a uvloop event loop when uvloop is installed, else on asyncio's."""
     try:
         import uvloop
-
-        return uvloop.run(coro)
     except ImportError:
         return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
 
 
 def worker_main() -> int:

@@ -24,6 +24,7 @@ from load_tests.throughput.measure import Clients, measure_served
 from load_tests.throughput.options import format_cores
 from load_tests.throughput.payload import Payload
 from load_tests.throughput.setups import (
+    DEPLOY_EST_S,
     job_payloads,
     measure_est_s,
     noop_doc,
@@ -31,10 +32,6 @@ from load_tests.throughput.setups import (
     start_mps,
     stop_mps,
 )
-
-# Seconds a deploy takes until it answers: (GPU, CPU); on a GPU each replica captures CUDA
-# graphs, calibrates and warms up, and 16 of them start at once.
-DEPLOY_EST_S = {"serve_app": (60.0, 20.0), "noop": (15.0, 8.0)}
 
 
 def _wait_running(name: str, timeout_s: float) -> None:

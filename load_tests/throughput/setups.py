@@ -16,6 +16,10 @@ from load_tests.throughput import noop_app, stats
 from load_tests.throughput.payload import Payload, model_payload, noop_payload
 
 DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"
+# Seconds a deploy takes until it answers: (GPU, CPU); on a GPU each replica captures CUDA
+# graphs, calibrates and warms up, and 16 of them start at once.
+DEPLOY_EST_S = {"serve_app": (60.0, 20.0), "noop": (15.0, 8.0)}
+RAY_START_EST_S = (15.0, 8.0)  # (GPU, CPU)
 
 
 def serve_app_doc(model: str, replicas: int, cfg: Mapping[str, Any], port: int) -> dict:
@@ -80,6 +84,43 @@ def measure_est_s(cfg: Mapping[str, Any]) -> float:
     """Seconds one payload's wrk tries and open-loop point take, with pauses and start-up."""
     d, pause = cfg["duration_s"], cfg["pause_s"]
     return len(cfg["connections"]) * (d + 1.0 + pause) + d + cfg["warmup_s"] + 4.0 + pause
+
+
+def client_ceiling_est_s(cfg: Mapping[str, Any]) -> float:
+    """Seconds one payload's client ceiling takes at most: wrk's tries and the open-loop
+    search's points, each with its start and pause."""
+    d, pause = cfg["ceiling_duration_s"], cfg["pause_s"]
+    point_s = d + cfg["ceiling_warmup_s"] + 0.8 + pause / 2
+    return len(cfg["connections"]) * (d + 0.2 + pause) + cfg["ceiling_max_points"] * point_s
+
+
+def plan_estimate(cfg: Mapping[str, Any], jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """About how long each phase and job will take, in seconds, and how many jobs fit the
+    budget (the rest will be skipped), for the log and meta.json."""
+    cuda = cfg["device"] == "cuda"
+    per_payload = measure_est_s(cfg)
+    n_payloads = (
+        len(cfg["models"]) * len(cfg["inputs_per_request"]) if "serve" in cfg["phases"] else 0
+    )
+    n_payloads += 1 if "noop" in cfg["phases"] else 0
+    est = {
+        "ceiling_s": (10.0 + sum(len(b) for b in cfg["model_batches"].values()) * 2.0)
+        if "ceiling" in cfg["phases"] and cuda
+        else (5.0 + sum(len(b) for b in cfg["model_batches"].values()) * 0.8)
+        if "ceiling" in cfg["phases"]
+        else 0.0,
+        "client_s": n_payloads * client_ceiling_est_s(cfg) if "client" in cfg["phases"] else 0.0,
+        "ray_start_s": RAY_START_EST_S[0 if cuda else 1] if jobs else 0.0,
+    }
+    used = sum(est.values()) + cfg["teardown_reserve_s"]
+    fitting, job_s = 0, []
+    for job in jobs:
+        s = DEPLOY_EST_S[job["kind"]][0 if cuda else 1] + per_payload * len(job_payloads(job, cfg))
+        job_s.append({"key": job["key"], "s": round(s)})
+        used += s
+        fitting += used <= cfg["max_time_s"]
+    est = {k: round(v) for k, v in est.items()}
+    return {**est, "jobs": job_s, "jobs_fitting": fitting, "total_s": round(used)}
 
 
 def start_mps(scratch: Path) -> str | None:

@@ -464,3 +464,23 @@ def test_render_markdown_tables() -> None:
     ) in md
     assert "| 4 | wrk | - | - | - | - | - | - | skipped: time budget: 12 s left |" in md
     assert "- x: 1/s against 2/s" in md
+
+
+def test_plan_estimate_counts_the_jobs_that_fit_the_budget() -> None:
+    from load_tests.throughput.options import build_parser, make_config
+    from load_tests.throughput.setups import plan_estimate
+
+    parser = build_parser()
+    argv = ["--out", "/tmp/x", "--device", "cpu", "--quick", "--replicas", "1,2"]
+    cfg = make_config(parser.parse_args(argv), parser)
+    jobs = plan_jobs(cfg["models"], cfg["replicas"], cfg["phases"])
+    assert [j["key"] for j in jobs] == ["minilm/r1", "noop/r1", "minilm/r2", "noop/r2"]
+    roomy = plan_estimate(dict(cfg, max_time_s=10_000.0), jobs)
+    assert roomy["jobs_fitting"] == 4 and [j["key"] for j in roomy["jobs"]] == [
+        j["key"] for j in jobs
+    ]
+    fixed = roomy["ceiling_s"] + roomy["client_s"] + roomy["ray_start_s"]
+    assert roomy["total_s"] == pytest.approx(
+        fixed + cfg["teardown_reserve_s"] + sum(j["s"] for j in roomy["jobs"]), abs=4
+    )
+    assert plan_estimate(dict(cfg, max_time_s=fixed), jobs)["jobs_fitting"] == 0
