@@ -95,6 +95,33 @@ def free_port(host: str = DEFAULT_HOST) -> int:
 # measured on 2 CPU cores, 5.73 -> 5.05 ms of replica CPU per request and +12% requests/s.
 SAME_THREAD_VAR = "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"
 
+# Inference is idempotent, so a request whose replica dies before answering can be sent again.
+# Ray 2.60 retries only `conn-failure` (nothing was sent) by default. `empty-response` covers a
+# replica killed mid-request (the connection closes with nothing answered: SIGKILL, OOM kill, a
+# crash), and `response-timeout` one that stops answering, when a server timeout is set
+# (RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S; unset by default, so that token is dormant). Ray's
+# template already has `option redispatch 1`, so the retry goes to another replica. One retry,
+# not HAProxy's default 3: a request that kills its replica can take down at most two.
+# 503s are not retried: they are our deliberate back-pressure.
+#
+# HAProxy replays only a request it held whole when it first sent it: it drops the request's
+# retry flag if the body had not all arrived by then (http_ana/stream: msg_state !=
+# HTTP_MSG_DONE), and keeps one buffer's copy (tune.bufsize, 16 KiB in Ray:
+# RAY_SERVE_HAPROXY_TUNE_BUFSIZE), so larger bodies, such as most images, are never retried.
+# httpx (and so the OpenAI client) writes the headers and the body in two sends; measured on
+# 2 CPU replicas under 8 clients, 5 SIGKILLs lost 24 requests with Ray's default, 8 with the
+# retry tokens alone (forwarded before their body arrived), and 0 in 6 kills with
+# `option http-buffer-request`, which makes HAProxy wait for the whole body (up to a buffer)
+# before it picks a server. Ray 2.60 has no setting for it, but renders
+# RAY_SERVE_HAPROXY_RETRY_ON verbatim as a line of its `defaults` section, so the option rides
+# on that value as a line of its own (checked in tests/integration/test_reliability.py).
+HAPROXY_RETRY_ON = "conn-failure empty-response response-timeout"
+HAPROXY_BUFFER_REQUEST_LINE = "\n    option http-buffer-request"
+HAPROXY_RETRY_DEFAULTS = {
+    "RAY_SERVE_HAPROXY_RETRY_ON": HAPROXY_RETRY_ON + HAPROXY_BUFFER_REQUEST_LINE,
+    "RAY_SERVE_HAPROXY_RETRIES": "1",
+}
+
 # HAProxy's side ports come from here: above Ray's worker ports (10002-19999), below Serve's
 # replica ports (30000 up) and the kernel's ephemeral range (32768 up). An ephemeral port that
 # was free a moment ago can be taken by any outgoing connection before HAProxy binds it (seen
@@ -149,6 +176,8 @@ def start_ray(num_gpus: int, haproxy: bool, num_cpus: int | None = None) -> None
     # reloads in well under a second, and a long drain makes Ctrl-C slow.
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
     os.environ.setdefault(SAME_THREAD_VAR, "0")
+    for name, value in HAPROXY_RETRY_DEFAULTS.items():
+        os.environ.setdefault(name, value)  # a user's own setting wins
     ray.init(
         address="local",
         num_cpus=num_cpus,
@@ -240,6 +269,35 @@ def haproxy_pids(session_dir: str) -> list[int]:
     return pids
 
 
+def haproxy_node_path(path: str, node_id: str) -> Path:
+    """Serve keeps each node's HAProxy files in a folder named after the node, beside ``path``."""
+    p = Path(path)
+    return p.parent / node_id / p.name
+
+
+def haproxy_servers(node_id: str, timeout_s: float = 5.0) -> dict[str, dict[str, str]]:
+    """The state of every server of this node's HAProxy, from its admin socket's ``show stat``:
+    ``{"backend/server": {"status": "UP", ...}}``. Serve marks a replica RUNNING before HAProxy
+    has it UP; the fault tests wait for both."""
+    import csv
+    import io
+
+    sock_path = haproxy_node_path(env.haproxy_socket_path(), node_id)
+    chunks = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        sock.connect(str(sock_path))
+        sock.sendall(b"show stat\n")
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    text = b"".join(chunks).decode().lstrip("# ")
+    servers = {}
+    for row in csv.DictReader(io.StringIO(text)):
+        if row.get("svname") not in ("FRONTEND", "BACKEND", None):
+            servers[f"{row['pxname']}/{row['svname']}"] = row
+    return servers
+
+
 def shutdown() -> None:
     """Stop Serve and Ray, then any HAProxy that Serve started and Ray left behind."""
     import psutil
@@ -254,7 +312,7 @@ def shutdown() -> None:
         # Serve's HAProxy keeps its config, socket and state files in a per-node folder
         # beside its config path, and leaves it behind.
         node_id = ray.get_runtime_context().get_node_id()
-        haproxy_dir = Path(env.haproxy_config_path()).parent / node_id
+        haproxy_dir = haproxy_node_path(env.haproxy_config_path(), node_id).parent
     try:
         if ray.is_initialized():
             serve.shutdown()

@@ -1,0 +1,156 @@
+"""A replica killed under load: nothing is lost, and /readyz stays 200 while it is replaced.
+
+Two CPU replicas behind Serve's HAProxy, with the settings launch.start_ray gives it
+(HAPROXY_RETRY_DEFAULTS: retry-on empty-response, one retry, option http-buffer-request):
+eight bounded clients send embeddings requests, one replica gets SIGKILL mid-load, and every
+request must still get its 200 (HAProxy replays the ones the dead replica held on the other).
+Measured the same way (5 kills each): Ray's default `retry-on conn-failure` lost every request
+in flight on the victim (24), the retry tokens without http-buffer-request lost 8, and these
+settings none.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from serve_app.launch import HAPROXY_RETRY_DEFAULTS, haproxy_node_path, haproxy_servers
+
+ARGS = {"adapter": "embeddings", "max_batch_size": 16, "batch_wait_timeout_s": 0.002}
+BODY = {"input": [f"sentence {i} about faults and retries" for i in range(8)]}
+CLIENTS = 8
+MAX_REQUESTS_PER_CLIENT = 2000  # bounded; the stop event normally ends the loop first
+LOAD_AFTER_KILL_S = 6.0
+DEGRADED_TIMEOUT_S = 40.0
+RECOVERY_TIMEOUT_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def rel(cluster) -> Iterator[str]:
+    base = cluster.deploy("rel", "/rel", ARGS, num_replicas=2, ray_actor_options={"num_cpus": 0.5})
+    yield base
+    cluster.delete("rel")
+
+
+class Load:
+    """``CLIENTS`` threads posting BODY until stopped; results are (monotonic time, status or
+    error, replica id)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.stop = threading.Event()
+        self.results: list[tuple[float, int | str, str | None]] = []
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run) for _ in range(CLIENTS)]
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=60.0) as client:
+            for _ in range(MAX_REQUESTS_PER_CLIENT):
+                if self.stop.is_set():
+                    return
+                try:
+                    resp = client.post(self.url, json=BODY)
+                    out: tuple[int | str, str | None] = (
+                        resp.status_code,
+                        resp.headers.get("x-serve-app-replica") or resp.text[:300],
+                    )
+                except httpx.HTTPError as exc:
+                    out = (repr(exc)[:120], None)
+                with self._lock:
+                    self.results.append((time.monotonic(), *out))
+
+    def replicas(self) -> set[str]:
+        with self._lock:
+            return {r for _, _, r in self.results if r}
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self._threads:
+            t.join(timeout=120.0)
+
+
+def wait_haproxy_up(replica_ids: set[str], timeout_s: float = 60.0) -> None:
+    import ray
+
+    node_id = ray.get_runtime_context().get_node_id()
+    names = {f"http-rel/SERVE_REPLICA_rel-model-{rid}" for rid in replica_ids}
+    deadline = time.monotonic() + timeout_s
+    states: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        servers = haproxy_servers(node_id)
+        states = {name: servers[name]["status"] for name in names if name in servers}
+        if len(states) == len(names) and set(states.values()) == {"UP"}:
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"HAProxy servers not all UP after {timeout_s:.0f} s: {states}")
+
+
+def ready_state(base: str) -> tuple[int, list[str]]:
+    resp = httpx.get(f"{base}/readyz", params={"verbose": "1"}, timeout=10.0)
+    return resp.status_code, resp.json()["degraded"]
+
+
+def test_haproxy_is_configured_to_retry_a_dead_replicas_requests(rel: str) -> None:
+    import ray
+
+    from serve_app import env
+
+    node_id = ray.get_runtime_context().get_node_id()
+    cfg = haproxy_node_path(env.haproxy_config_path(), node_id).read_text()
+    # One line each, in the defaults section (the option rides on the retry-on value).
+    defaults = cfg[cfg.index("\ndefaults\n") : cfg.index("\nfrontend ")]
+    lines = [line.strip() for line in defaults.splitlines()]
+    assert "retry-on conn-failure empty-response response-timeout" in lines, defaults
+    assert "option http-buffer-request" in lines, defaults
+    assert f"retries {HAPROXY_RETRY_DEFAULTS['RAY_SERVE_HAPROXY_RETRIES']}" in lines, defaults
+    assert "option redispatch 1" in lines, defaults
+
+
+def test_sigkill_of_a_replica_under_load_loses_no_request(rel: str) -> None:
+    with Load(f"{rel}/v1/embeddings") as load:
+        deadline = time.monotonic() + 60.0
+        while len(load.replicas()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        mine = load.replicas()
+        assert len(mine) == 2, mine
+        # Serve marks a replica RUNNING (and may route to it through its fallback proxy)
+        # before HAProxy has it UP; a kill before then leaves HAProxy no replica to retry on.
+        wait_haproxy_up(mine)
+        report = httpx.get(f"{rel}/v1/memory", timeout=30.0).json()["replicas"]
+        victim = next(r for r in report if r["replica_id"] in mine)
+        killed_at = time.monotonic()
+        os.kill(victim["pid"], signal.SIGKILL)
+        # Serve notices the death at its next health check of the replica (every 10 s), so
+        # the load and the probes go on until /readyz has shown the deployment degraded.
+        ready_answers: list[tuple[int, list[str]]] = []
+        while time.monotonic() < killed_at + DEGRADED_TIMEOUT_S:
+            ready_answers.append(ready_state(rel))
+            seen = any("rel/model" in degraded for _, degraded in ready_answers)
+            if seen and time.monotonic() > killed_at + LOAD_AFTER_KILL_S:
+                break
+            time.sleep(0.25)
+    after = [r for r in load.results if r[0] > killed_at]
+    failed = [r for r in load.results if r[1] != 200]
+    assert failed == [], [(round(t - killed_at, 3), *rest) for t, *rest in failed[:10]]
+    assert len(after) >= 20, f"only {len(after)} requests were sent after the kill"
+    # /readyz never went 503: one replica of two can serve. It saw the deployment degraded.
+    assert {code for code, _ in ready_answers} == {200}, ready_answers
+    assert any("rel/model" in degraded for _, degraded in ready_answers), ready_answers
+    # Serve replaces the replica; the deployment is whole again.
+    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+    state = ready_state(rel)
+    while "rel/model" in state[1] and time.monotonic() < deadline:
+        time.sleep(1.0)
+        state = ready_state(rel)
+    assert state[0] == 200 and "rel/model" not in state[1], state
