@@ -8,16 +8,25 @@ batches (we measured 1.0 to 1.3 items per batch with 700 ms of queue on an H200;
 docs/benchmarks.md). Here the one worker takes everything queued, up to ``max_batch_size``, at
 the moment the model is free, as Triton's dynamic batcher does. ``batch_wait_timeout_s`` only
 delays a batch whose first item arrived less than that long ago: a backlog runs at once.
+
+Overload gets a clean, early no: the queue holds at most ``max_queued_items`` items (a request
+that would pass it is refused at once with ``Overloaded``, before any model work), and a
+request whose items are still all queued ``queue_deadline_s`` after it arrived is failed with
+``Overloaded`` too (checked when a request arrives and when a batch forms). Both carry a
+Retry-After estimate: the queue's items over the model's measured items per second.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any, Generic, TypeVar
+
+from serve_app.errors import Overloaded
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -27,7 +36,7 @@ class _Request:
     """One caller's items in the queue: ``taken`` of them are in a batch already, and the one
     future resolves once every output is in ``outputs``."""
 
-    __slots__ = ("items", "outputs", "pending", "taken", "future", "enqueued_s")
+    __slots__ = ("items", "outputs", "pending", "taken", "future", "enqueued_s", "counted")
 
     def __init__(self, items: Sequence[Any], future: asyncio.Future[list[Any]], now_s: float):
         self.items = items
@@ -36,6 +45,7 @@ class _Request:
         self.taken = 0
         self.future = future
         self.enqueued_s = now_s
+        self.counted = True  # its untaken items are in Batcher._queued
 
 
 class BatchSizeMismatch(RuntimeError):
@@ -55,17 +65,31 @@ class Batcher(Generic[T, R]):
     they replaced.
     """
 
+    # The smoothing of the measured drain rate (items per second of model time) per batch.
+    RATE_SMOOTHING = 0.2
+
     def __init__(
         self,
         run_batch: Callable[[list[T]], list[R]],
         executor: Executor,
         max_batch_size: int,
         batch_wait_timeout_s: float,
+        max_queued_items: int | None = None,
+        queue_deadline_s: float | None = None,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
         if batch_wait_timeout_s < 0:
             raise ValueError(f"batch_wait_timeout_s must be >= 0, got {batch_wait_timeout_s}")
+        if max_queued_items is not None and max_queued_items < 1:
+            raise ValueError(f"max_queued_items must be at least 1, got {max_queued_items}")
+        if queue_deadline_s is not None and queue_deadline_s <= 0:
+            raise ValueError(f"queue_deadline_s must be > 0, got {queue_deadline_s}")
+        self.max_queued_items = max_queued_items
+        self.queue_deadline_s = queue_deadline_s
+        self.rejected_requests = 0  # refused at submit: the queue was full
+        self.expired_requests = 0  # failed after queue_deadline_s in the queue
+        self._items_per_s: float | None = None  # measured drain rate, for Retry-After
         self._run_batch = run_batch
         self._executor = executor
         self.max_batch_size = max_batch_size
@@ -80,21 +104,85 @@ class Batcher(Generic[T, R]):
     def queued(self) -> int:
         return self._queued
 
+    def retry_after_s(self, extra_items: int = 0) -> int:
+        """Whole seconds until the queue (plus ``extra_items``) should have drained, from the
+        measured drain rate: at least 1, at most the queue deadline (rounded up)."""
+        ceiling = math.ceil(self.queue_deadline_s) if self.queue_deadline_s else 60
+        if not self._items_per_s:
+            return 1
+        estimate = math.ceil((self._queued + extra_items) / self._items_per_s)
+        return max(1, min(ceiling, estimate))
+
+    def check_room(self, items: int = 1) -> None:
+        """Raise Overloaded (and count it) when ``items`` more items would not fit in the queue
+        now. Expired requests are failed first, so their room counts."""
+        self._expire(time.monotonic())
+        limit = self.max_queued_items
+        if limit is None or self._queued + items <= limit:
+            return
+        self.rejected_requests += 1
+        raise Overloaded(
+            f"this replica's queue is full ({self._queued} items queued, at most {limit}: "
+            "args.max_queued_items); retry later or add replicas",
+            retry_after_s=self.retry_after_s(items),
+            code="queue_full",
+        )
+
     async def submit(self, items: Sequence[T]) -> list[R]:
-        """Queue ``items`` (kept in order, possibly split across batches); their outputs."""
+        """Queue ``items`` (kept in order, possibly split across batches); their outputs.
+        Raises Overloaded at once when the queue has no room for them, or later when they
+        are still queued ``queue_deadline_s`` after they arrived."""
         if not items:
             return []
+        self.check_room(len(items))
         loop = asyncio.get_running_loop()
         if self._worker is None or self._worker.done():
             self._wakeup = asyncio.Event()
             self._worker = loop.create_task(self._work(), name="serve_app-batcher")
         future: asyncio.Future[list[Any]] = loop.create_future()
-        self._queue.append(_Request(items, future, time.monotonic()))
+        req = _Request(items, future, time.monotonic())
+        self._queue.append(req)
         self._queued += len(items)
         if self._queued >= self._wake_at:
             assert self._wakeup is not None
             self._wakeup.set()
-        return await future  # cancelling the caller cancels the future: its items are skipped
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # The caller has gone (a timeout, a client that closed): its items leave the
+            # count now, and the worker skips them.
+            self._forget(req)
+            raise
+
+    def _forget(self, req: _Request) -> None:
+        """Take a request's untaken items out of the count (once)."""
+        if req.counted:
+            req.counted = False
+            self._queued -= len(req.items) - req.taken
+
+    def _expire(self, now_s: float) -> None:
+        """Fail the requests that have waited past the deadline with none of their items taken
+        (a request already part-way through the model keeps its place)."""
+        if self.queue_deadline_s is None:
+            return
+        cutoff_s = now_s - self.queue_deadline_s
+        for req in self._queue:  # oldest first: stop at the first one young enough
+            if req.enqueued_s > cutoff_s:
+                break
+            if req.taken or req.future.done():
+                continue
+            self._forget(req)
+            self.expired_requests += 1
+            req.future.set_exception(
+                Overloaded(
+                    f"waited {now_s - req.enqueued_s:.1f} s in this replica's queue, longer "
+                    f"than args.queue_deadline_s ({self.queue_deadline_s:g} s); retry later "
+                    "or add replicas",
+                    retry_after_s=self.retry_after_s(),
+                    code="queue_deadline_exceeded",
+                )
+            )
+        self._drop_gone()
 
     async def _wait(self, wake_at: int, timeout_s: float | None) -> None:
         assert self._wakeup is not None
@@ -110,8 +198,7 @@ class Batcher(Generic[T, R]):
     def _drop_gone(self) -> None:
         """Drop requests at the head of the queue whose caller has gone."""
         while self._queue and self._queue[0].future.done():
-            gone = self._queue.popleft()
-            self._queued -= len(gone.items) - gone.taken
+            self._forget(self._queue.popleft())
 
     def _take(self) -> list[tuple[_Request, int]]:
         """Up to ``max_batch_size`` (request, item index) pairs from the head of the queue."""
@@ -144,6 +231,7 @@ class Batcher(Generic[T, R]):
                         break
                     await self._wait(self.max_batch_size, remaining_s)
                 self._wake_at = 1
+                self._expire(time.monotonic())
                 batch = self._take()
                 if batch:
                     await self._run(loop, batch)
@@ -157,10 +245,12 @@ class Batcher(Generic[T, R]):
     async def _run(
         self, loop: asyncio.AbstractEventLoop, batch: list[tuple[_Request, int]]
     ) -> None:
+        started_s = time.perf_counter()
         try:
             outputs = await loop.run_in_executor(
                 self._executor, self._run_batch, [req.items[i] for req, i in batch]
             )
+            self._measure(len(batch), time.perf_counter() - started_s)
             if len(outputs) != len(batch):
                 raise BatchSizeMismatch(
                     f"the batch function returned {len(outputs)} outputs for {len(batch)} inputs"
@@ -175,6 +265,13 @@ class Batcher(Generic[T, R]):
             req.pending -= 1
             if req.pending == 0 and not req.future.done():
                 req.future.set_result(req.outputs)
+
+    def _measure(self, items: int, took_s: float) -> None:
+        if took_s <= 0:
+            return
+        rate = items / took_s
+        prev = self._items_per_s
+        self._items_per_s = rate if prev is None else prev + self.RATE_SMOOTHING * (rate - prev)
 
     def close(self) -> None:
         """Stop the worker; anything still queued is cancelled."""

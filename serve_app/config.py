@@ -133,12 +133,46 @@ class AppArgs(BaseModel):
         "and other JPEGs nvJPEG does not take go through Pillow either way.",
     )
     top_k: int = Field(default=5, ge=1, le=1000)
+    max_queued_items: int = Field(
+        default=4096,
+        ge=1,
+        le=10_000_000,
+        description="Most inputs a replica holds waiting for the model; a request that would "
+        "pass it gets HTTP 503 with Retry-After at once, before any model work. At least "
+        "max_inputs_per_request, so that one request always fits an empty queue.",
+    )
+    queue_deadline_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="A request whose inputs are all still queued this long after it arrived "
+        "gets HTTP 503 with Retry-After (at most request_timeout_s).",
+    )
+    request_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="A request not answered within this long gets HTTP 504, and its inputs "
+        "still queued are dropped.",
+    )
     memory: MemoryArgs = Field(default_factory=MemoryArgs)
 
     @model_validator(mode="after")
     def _check(self) -> AppArgs:
         if self.adapter == "image-classification" and self.model_name == "all-MiniLM-L6-v2":
             self.model_name = self.arch
+        if self.max_queued_items < self.max_inputs_per_request:
+            raise ValueError(
+                f"max_queued_items ({self.max_queued_items}) is smaller than "
+                f"max_inputs_per_request ({self.max_inputs_per_request}): a full request could "
+                "never be queued; raise max_queued_items or lower max_inputs_per_request"
+            )
+        if self.queue_deadline_s > self.request_timeout_s:
+            raise ValueError(
+                f"queue_deadline_s ({self.queue_deadline_s:g}) is longer than "
+                f"request_timeout_s ({self.request_timeout_s:g}): the timeout would always "
+                "come first; lower queue_deadline_s or raise request_timeout_s"
+            )
         return self
 
 

@@ -17,6 +17,10 @@ class ServeAppError(Exception):
         self.param = param
         self.code = code or self.error_type
 
+    def headers(self) -> dict[str, str]:
+        """HTTP headers this error's response must carry (Retry-After, WWW-Authenticate)."""
+        return {}
+
     def to_json(self) -> dict[str, Any]:
         """The OpenAI-style error body: ``{"error": {"message", "type", "param", "code"}}``."""
         return {
@@ -78,3 +82,35 @@ class InferenceError(ServeAppError):
 
     status_code = 500
     error_type = "inference_error"
+
+
+class Unauthorized(ServeAppError):
+    """No valid API key (HTTP 401, with the challenge RFC 6750 asks for)."""
+
+    status_code = 401
+    error_type = "authentication_error"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": 'Bearer realm="serve_app"'}
+
+
+class Overloaded(ServeAppError):
+    """The replica's queue is full, or an item waited in it past its deadline (HTTP 503):
+    try again after ``retry_after_s`` (whole seconds, at least 1)."""
+
+    status_code = 503
+    error_type = "overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1, code: str | None = None):
+        super().__init__(message, code=code)
+        self.retry_after_s = max(1, int(retry_after_s))
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
+class RequestTimeout(ServeAppError):
+    """A request took longer than ``args.request_timeout_s`` (HTTP 504); its work is dropped."""
+
+    status_code = 504
+    error_type = "timeout"

@@ -15,6 +15,7 @@ one 384-float vector on the CI machine) and with fewer bytes.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -31,6 +32,7 @@ from serve_app.errors import (
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
+    RequestTimeout,
     ServeAppError,
 )
 
@@ -53,7 +55,12 @@ def json_response(
 
 
 def error_response(err: ServeAppError, headers: Mapping[str, str] | None = None) -> Response:
-    return json_response(err.to_json(), err.status_code, headers)
+    """``err`` as its JSON body and status, with its own headers (``err.headers()``) and
+    ``headers``."""
+    own = err.headers()
+    if headers:
+        own.update(headers)
+    return json_response(err.to_json(), err.status_code, own or None)
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:
@@ -78,14 +85,24 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-async def guarded(work: Awaitable[Response]) -> Response:
+async def guarded(work: Awaitable[Response], timeout_s: float | None = None) -> Response:
     """Await a request's work; our errors become their JSON status, anything else a 500 with an
-    error id (the traceback goes to the log only)."""
+    error id (the traceback goes to the log only). Past ``timeout_s`` the work is cancelled (its
+    items still queued in the batcher are dropped with it) and the answer is a JSON 504."""
+    deadline = asyncio.timeout(timeout_s)
     try:
-        return await work
+        async with deadline:
+            return await work
     except ServeAppError as err:
         return error_response(err)
-    except Exception:  # noqa: BLE001 - the client gets an id, the log gets the traceback
+    except Exception as exc:  # noqa: BLE001 - the client gets an id, the log gets the traceback
+        if isinstance(exc, TimeoutError) and deadline.expired():
+            return error_response(
+                RequestTimeout(
+                    f"request took longer than {timeout_s:g} s (args.request_timeout_s); "
+                    "its work was dropped"
+                )
+            )
         error_id = uuid.uuid4().hex[:12]
         logger.exception("inference failed (error id %s)", error_id)
         return error_response(

@@ -153,8 +153,17 @@ _STATUS_TEXT = {
     413: "Body or image too large",
     415: "Unsupported Content-Type",
     500: "Inference failed (the body carries an error id)",
-    503: "Not ready: some deployment has no RUNNING replica",
+    503: "Overloaded: the replica's queue is full (args.max_queued_items) or the request "
+    "waited longer than args.queue_deadline_s; retry after Retry-After seconds",
+    504: "Not answered within args.request_timeout_s; the request's work was dropped",
     507: "An input does not fit in the replica's GPU memory even alone",
+}
+NOT_READY = "Not ready: some deployment has no RUNNING replica"
+RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Whole seconds to wait before retrying",
+        "schema": {"type": "integer", "minimum": 1},
+    }
 }
 
 
@@ -167,7 +176,12 @@ def _json(model: type[BaseModel]) -> dict[str, Any]:
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    return {str(c): {"description": _STATUS_TEXT[c], **_json(ErrorBody)} for c in codes}
+    out: dict[str, Any] = {}
+    for c in codes:
+        out[str(c)] = {"description": _STATUS_TEXT[c], **_json(ErrorBody)}
+        if c == 503:
+            out[str(c)]["headers"] = RETRY_AFTER
+    return out
 
 
 def _get(summary: str, model: type[BaseModel], *extra: int) -> dict[str, Any]:
@@ -204,7 +218,7 @@ def _inference(route: str, max_body_bytes: int) -> dict[str, Any]:
             }
         ]
     responses: dict[str, Any] = {"200": {"description": "OK", **_json(ok)}}
-    responses.update(_errors(*codes, 500, 507))
+    responses.update(_errors(*codes, 500, 503, 504, 507))
     op: dict[str, Any] = {"summary": summary, "requestBody": body, "responses": responses}
     if params:
         op["parameters"] = params
@@ -219,7 +233,7 @@ def build_openapi(route: str, model_name: str, max_body_bytes: int) -> dict[str,
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
     ready = _get("Readiness: 200 while every deployment has a RUNNING replica", Readiness)
-    ready["get"]["responses"]["503"] = {"description": _STATUS_TEXT[503], **_json(Readiness)}
+    ready["get"]["responses"]["503"] = {"description": NOT_READY, **_json(Readiness)}
     ready["get"]["parameters"] = [
         {
             "name": "verbose",

@@ -21,7 +21,7 @@ from serve_app.adapters.imagedecode import ItemError
 from serve_app.autoscale import replica_autoscaling_stats
 from serve_app.batcher import Batcher
 from serve_app.config import AppArgs, parse_args
-from serve_app.errors import InsufficientMemory, NotFound, StartupError
+from serve_app.errors import InsufficientMemory, NotFound, Overloaded, StartupError
 from serve_app.http import Ingress, error_response, guarded, json_response, read_body
 from serve_app.memory import format_bytes
 from serve_app.metrics import ReplicaMetrics
@@ -86,7 +86,12 @@ class ModelServer:
             self.warmup_s = self._warm_up()
         self.startup_phases_s = phases.done()
         self._batcher: Batcher[Any, Any] = Batcher(
-            self._run_batch, self._executor, self.batch_cap, self.args.batch_wait_timeout_s
+            self._run_batch,
+            self._executor,
+            self.batch_cap,
+            self.args.batch_wait_timeout_s,
+            max_queued_items=self.args.max_queued_items,
+            queue_deadline_s=self.args.queue_deadline_s,
         )
         self.oom_recoveries = 0
         self.batches = 0
@@ -211,7 +216,11 @@ class ModelServer:
         return Ingress(routes)
 
     async def _infer(self, request: Request) -> Response:
-        return await guarded(self._infer_body(request))
+        try:
+            self._batcher.check_room()  # a full queue: 503 before the body is even decoded
+        except Overloaded as err:
+            return error_response(err)
+        return await guarded(self._infer_body(request), self.args.request_timeout_s)
 
     async def _infer_body(self, request: Request) -> Response:
         body = await read_body(request, self.args.max_body_bytes)
@@ -337,6 +346,8 @@ class ModelServer:
                 "cuda_graph_pool_bytes": graphs["pool_bytes"] if graphs else None,
                 "cuda_graph_replays": self.adapter.graphs.replays if self.adapter.graphs else 0,
                 "queued_items": self._batcher.queued,
+                "rejected_requests": self._batcher.rejected_requests,
+                "expired_requests": self._batcher.expired_requests,
                 "reported_at_s": time.time(),
             }
         )

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from serve_app.batcher import Batcher, BatchSizeMismatch
+from serve_app.errors import Overloaded
 
 
 class Model:
@@ -241,3 +242,179 @@ def test_ray_serve_batch_forms_batches_on_arrival(executor, monkeypatch) -> None
     asyncio.run(main())
     assert sum(model.sizes) == 60
     assert max(model.sizes) <= 2  # no batching to speak of, against >= 4 above
+
+
+# ---- bounds: a full queue and an old request get Overloaded, at once and without model work
+
+
+def test_a_full_queue_refuses_at_once_then_recovers(executor) -> None:
+    gate = threading.Event()
+    model = Model(gate)
+
+    async def main() -> None:
+        b = Batcher(model, executor, 64, 0.0, max_queued_items=4, queue_deadline_s=30.0)
+        first = asyncio.create_task(b.submit(["running"]))
+        await _wait_started(model)
+        queued = [asyncio.create_task(b.submit([f"q{i}", f"q{i}b"])) for i in range(2)]
+        await asyncio.sleep(0.01)
+        assert b.queued == 4
+        t0 = time.monotonic()
+        with pytest.raises(Overloaded) as refused:
+            await b.submit(["one-too-many"])
+        assert time.monotonic() - t0 < 0.05  # at once, not after the running batch
+        err = refused.value
+        assert (err.status_code, err.error_type, err.code) == (503, "overloaded", "queue_full")
+        assert err.headers() == {"Retry-After": "1"}  # no drain rate measured yet
+        assert "4 items queued, at most 4" in err.message
+        assert (b.rejected_requests, b.queued) == (1, 4)
+        gate.set()
+        await first
+        assert await asyncio.gather(*queued) == [["out-q0", "out-q0b"], ["out-q1", "out-q1b"]]
+        assert await b.submit(["after"]) == ["out-after"]  # room again
+
+    asyncio.run(main())
+    assert "one-too-many" not in model.seen
+    assert model.sizes == [1, 4, 1]
+
+
+def test_a_request_bigger_than_the_room_left_is_refused_whole(executor) -> None:
+    gate = threading.Event()
+    model = Model(gate)
+
+    async def main() -> None:
+        b = Batcher(model, executor, 64, 0.0, max_queued_items=4)
+        first = asyncio.create_task(b.submit(["running"]))
+        await _wait_started(model)
+        ok = asyncio.create_task(b.submit(["a", "b"]))
+        await asyncio.sleep(0.01)
+        with pytest.raises(Overloaded):
+            await b.submit(["c", "d", "e"])  # 2 + 3 > 4: none of it is queued
+        assert b.queued == 2
+        gate.set()
+        await asyncio.gather(first, ok)
+
+    asyncio.run(main())
+    assert model.seen == ["running", "a", "b"]
+
+
+def test_a_request_queued_past_the_deadline_fails_without_model_work(executor) -> None:
+    gate = threading.Event()
+    model = Model(gate)
+
+    async def main() -> None:
+        b = Batcher(model, executor, 64, 0.0, max_queued_items=100, queue_deadline_s=0.05)
+        first = asyncio.create_task(b.submit(["running"]))
+        await _wait_started(model)
+        old = asyncio.create_task(b.submit(["old-1", "old-2"]))
+        await asyncio.sleep(0.1)  # past the deadline while the model is busy
+        young = asyncio.create_task(b.submit(["young"]))  # an arrival checks the deadline
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded) as expired:
+            await old
+        assert expired.value.code == "queue_deadline_exceeded"
+        assert "longer than args.queue_deadline_s (0.05 s)" in expired.value.message
+        assert int(expired.value.headers()["Retry-After"]) >= 1
+        assert (b.expired_requests, b.queued) == (1, 1)
+        gate.set()
+        await first
+        assert await young == ["out-young"]
+
+    asyncio.run(main())
+    assert "old-1" not in model.seen and "old-2" not in model.seen
+
+
+def test_the_deadline_is_checked_when_a_batch_forms(executor) -> None:
+    gate = threading.Event()
+    model = Model(gate)
+
+    async def main() -> None:
+        b = Batcher(model, executor, 64, 0.0, queue_deadline_s=0.05)
+        first = asyncio.create_task(b.submit(["running"]))
+        await _wait_started(model)
+        old = asyncio.create_task(b.submit(["old"]))
+        await asyncio.sleep(0.1)
+        gate.set()  # no arrival: the worker itself expires it before the next batch
+        await first
+        with pytest.raises(Overloaded):
+            await old
+        assert b.expired_requests == 1
+
+    asyncio.run(main())
+    assert model.seen == ["running"]
+
+
+def test_a_request_part_way_through_the_model_keeps_its_place(executor) -> None:
+    gate = threading.Event()
+    model = Model(gate)
+
+    async def main() -> list[object]:
+        b = Batcher(model, executor, 2, 0.0, queue_deadline_s=0.05)
+        big = asyncio.create_task(b.submit([1, 2, 3, 4]))  # batches [1, 2] then [3, 4]
+        await _wait_started(model)
+        await asyncio.sleep(0.1)  # [3, 4] are older than the deadline, but 1 and 2 are in
+        gate.set()
+        return await big
+
+    assert asyncio.run(main()) == ["out-1", "out-2", "out-3", "out-4"]
+    assert model.sizes == [2, 2]
+
+
+def test_a_cancelled_caller_frees_its_room_at_once(executor) -> None:
+    gate = threading.Event()
+    model = Model(gate)
+
+    async def main() -> None:
+        b = Batcher(model, executor, 64, 0.0, max_queued_items=4)
+        first = asyncio.create_task(b.submit(["running"]))
+        await _wait_started(model)
+        gone = asyncio.create_task(b.submit([1, 2, 3, 4]))
+        await asyncio.sleep(0.01)
+        assert b.queued == 4
+        gone.cancel()  # what a per-request timeout does
+        await asyncio.sleep(0)
+        assert b.queued == 0  # before the worker has looked at the queue again
+        kept = asyncio.create_task(b.submit([5, 6, 7, 8]))
+        await asyncio.sleep(0.01)
+        gate.set()
+        await first
+        assert await kept == ["out-5", "out-6", "out-7", "out-8"]
+        assert b.queued == 0
+
+    asyncio.run(main())
+    assert model.seen == ["running", 5, 6, 7, 8]
+
+
+def test_retry_after_follows_the_measured_drain_rate(executor) -> None:
+    """A model that takes 0.1 s per batch of 10 drains about 100 items/s, less the executor's
+    overhead (the bounds below hold from 50 to 100 items/s): 1,000 queued items want 10 to 20
+    s, capped at the queue deadline."""
+    gate = threading.Event()
+    model = Model(work_s=0.1)
+
+    async def main() -> tuple[int, int, int]:
+        b = Batcher(model, executor, 10, 0.0, max_queued_items=1000, queue_deadline_s=8.0)
+        await b.submit(list(range(10)))  # measures the rate
+        model.gate, model.started = gate, threading.Event()
+        first = asyncio.create_task(b.submit(["running"]))
+        await _wait_started(model)
+        small = b.retry_after_s(100)  # about 1 s
+        backlog = asyncio.create_task(b.submit(list(range(1000))))
+        await asyncio.sleep(0.01)
+        with pytest.raises(Overloaded) as refused:
+            await b.submit(["x"])
+        capped = int(refused.value.headers()["Retry-After"])
+        backlog.cancel()
+        gate.set()
+        await first
+        return small, b.retry_after_s(400), capped
+
+    small, middle, capped = asyncio.run(main())
+    assert small in (1, 2)  # 100 items at 50 to 100 items/s
+    assert 4 <= middle <= 8  # 400 items, the rate smoothed with the 1-item batch's
+    assert capped == 8  # ~10 s of backlog, capped at queue_deadline_s
+
+
+@pytest.mark.parametrize(("queued", "deadline_s"), [(0, None), (None, 0.0), (None, -1.0)])
+def test_bad_bounds_are_refused(executor, queued: int | None, deadline_s: float | None) -> None:
+    with pytest.raises(ValueError):
+        Batcher(lambda items: items, executor, 4, 0.0, queued, deadline_s)

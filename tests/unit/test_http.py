@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -12,8 +13,8 @@ from hypothesis import strategies as st
 from starlette.requests import Request
 from starlette.responses import Response
 
-from serve_app.errors import BadRequest
-from serve_app.http import Ingress, json_response, read_body, route_path
+from serve_app.errors import BadRequest, Overloaded
+from serve_app.http import Ingress, error_response, guarded, json_response, read_body, route_path
 
 FLOAT32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
 
@@ -109,3 +110,48 @@ async def test_read_body_limits() -> None:
         await read_body(_request(b"abcdef", []), 5)  # a lying or missing Content-Length
     with pytest.raises(BadRequest, match="not an integer"):
         await read_body(_request(b"a", [(b"content-length", b"x")]), 5)
+
+
+def test_error_response_carries_the_errors_own_headers() -> None:
+    resp = error_response(Overloaded("full", retry_after_s=3), headers={"x-extra": "1"})
+    assert resp.status_code == 503
+    assert (resp.headers["retry-after"], resp.headers["x-extra"]) == ("3", "1")
+    assert json.loads(resp.body)["error"]["type"] == "overloaded"
+    assert Overloaded("x", retry_after_s=0).headers() == {"Retry-After": "1"}  # never 0
+
+
+@pytest.mark.anyio
+async def test_guarded_answers_504_past_the_timeout_and_cancels_the_work() -> None:
+    cancelled = []
+
+    async def slow() -> Response:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        return json_response({})
+
+    resp = await guarded(slow(), timeout_s=0.05)
+    assert resp.status_code == 504 and cancelled == [True]
+    err = json.loads(resp.body)["error"]
+    assert err["type"] == "timeout" and "longer than 0.05 s" in err["message"]
+
+
+@pytest.mark.anyio
+async def test_guarded_keeps_a_timeout_of_the_work_itself_a_500() -> None:
+    async def own_timeout() -> Response:
+        raise TimeoutError("a socket inside the work")
+
+    resp = await guarded(own_timeout(), timeout_s=10.0)
+    assert resp.status_code == 500
+    assert json.loads(resp.body)["error"]["type"] == "inference_error"
+
+
+@pytest.mark.anyio
+async def test_guarded_turns_our_errors_into_their_status() -> None:
+    async def full() -> Response:
+        raise Overloaded("queue full", retry_after_s=2)
+
+    resp = await guarded(full(), timeout_s=1.0)
+    assert (resp.status_code, resp.headers["retry-after"]) == (503, "2")
