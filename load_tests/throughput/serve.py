@@ -222,10 +222,12 @@ def serve_worker(spec: dict[str, Any]) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), path) if p)
     mps = False
     if cfg["mps"]:
-        why = start_mps(scratch)
+        why = start_mps(scratch)  # the daemon serves the GPU named by CUDA_VISIBLE_DEVICES
         mps = why is None
         if why:
             result["notes"].append(f"--mps asked, but no MPS: {why}")
+        else:  # its clients see that GPU as device 0 (load_tests/mps_probe.py)
+            os.environ["CUDA_VISIBLE_DEVICES"] = "0"
     pool = None
     ctx: dict[str, Any] = {"cfg": cfg, "cuda": cuda, "mps": mps, "result_path": result_path}
     ctx["deadline"] = spec["deadline_unix"]
