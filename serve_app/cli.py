@@ -58,6 +58,9 @@ def cmd_run(path: str, haproxy: bool, ready_timeout_s: float) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     for note in started.notes:
         print(note, flush=True)
+    for warning in started.warnings:
+        bar = "!" * 78
+        print(f"{bar}\n{warning}\n{bar}", file=sys.stderr, flush=True)
     path_note = "HAProxy ingress" if started.haproxy else "default Serve proxy"
     print(f"serve_app is serving at {started.url} ({path_note}); Ctrl-C stops it.", flush=True)
     while not stop.wait(0.5):

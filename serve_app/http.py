@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 import orjson
@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from serve_app.auth import PROTECTED_PATHS, ApiKeys
 from serve_app.errors import (
     BadRequest,
     InferenceError,
@@ -34,6 +35,7 @@ from serve_app.errors import (
     PayloadTooLarge,
     RequestTimeout,
     ServeAppError,
+    Unauthorized,
 )
 
 logger = logging.getLogger("serve_app")
@@ -124,16 +126,25 @@ class Ingress:
 
     An unknown path gets a JSON 404; a known path with another method gets a JSON 405 with the
     ``Allow`` header RFC 9110 requires. ``HEAD`` is served wherever ``GET`` is. Lifespan events
-    are acknowledged (Serve runs the app under uvicorn's lifespan handling).
+    are acknowledged (Serve runs the app under uvicorn's lifespan handling). With ``api_keys``
+    that hold keys, a request to one of the ``protected`` paths needs a valid bearer key
+    (auth.ApiKeys) and gets a JSON 401 before anything else runs, the method check included.
     """
 
-    def __init__(self, routes: Mapping[str, Mapping[str, Handler]]):
+    def __init__(
+        self,
+        routes: Mapping[str, Mapping[str, Handler]],
+        api_keys: ApiKeys | None = None,
+        protected: Collection[str] = PROTECTED_PATHS,
+    ):
         self.routes: dict[str, dict[str, Handler]] = {}
         for path, methods in routes.items():
             table = {m.upper(): h for m, h in methods.items()}
             if "GET" in table:
                 table.setdefault("HEAD", table["GET"])
             self.routes[path] = table
+        self.api_keys = api_keys if api_keys is not None and api_keys.enabled else None
+        self.protected = frozenset(protected)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -145,6 +156,10 @@ class Ingress:
         methods = self.routes.get(path)
         if methods is None:
             response = error_response(NotFound(f"{scope['method']} {path}: Not Found"))
+        elif (
+            self.api_keys is not None and path in self.protected and (denied := self._denied(scope))
+        ):
+            response = denied
         else:
             handler = methods.get(scope["method"])
             if handler is None:
@@ -156,6 +171,15 @@ class Ingress:
             else:
                 response = await handler(Request(scope, receive))
         await response(scope, receive, send)
+
+    def _denied(self, scope: Scope) -> Response | None:
+        """A 401 unless the request carries a valid key (only called when keys are on)."""
+        assert self.api_keys is not None
+        try:
+            self.api_keys.check(scope["headers"])
+        except Unauthorized as err:
+            return error_response(err)
+        return None
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

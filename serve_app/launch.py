@@ -6,6 +6,7 @@ The CLI (`serve-app run`) is a thin shell over these functions; tests call them 
 from __future__ import annotations
 
 import copy
+import ipaddress
 import logging
 import os
 import random
@@ -34,6 +35,7 @@ class Deployment:
     url: str
     notes: list[str] = field(default_factory=list)
     haproxy: bool = False
+    warnings: list[str] = field(default_factory=list)
 
 
 def gpu_count() -> int:
@@ -61,6 +63,29 @@ def cpu_fallback(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 def http_address(doc: dict[str, Any]) -> tuple[str, int]:
     opts = doc.get("http_options") or {}
     return str(opts.get("host", DEFAULT_HOST)), int(opts.get("port", DEFAULT_PORT))
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only listens on this machine (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name or 0.0.0.0-like wildcard: assume it is reachable from outside
+
+
+def exposure_warning(host: str, keys_configured: bool) -> str | None:
+    """The warning `serve-app run` prints when it would serve beyond this machine with no API
+    key; None when it binds a loopback address or keys are set."""
+    if is_loopback(host) or keys_configured:
+        return None
+    return (
+        f"WARNING: http_options.host is {host!r}, reachable from other machines, and no API "
+        f"key is configured: anyone who can reach it can run inference and read /v1/memory. "
+        f"Set {env.API_KEYS_VAR} (comma-separated) or {env.API_KEYS_FILE_VAR} (one per line) "
+        "before starting, or bind 127.0.0.1."
+    )
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -240,6 +265,15 @@ def run(doc: dict[str, Any], *, haproxy: bool = True, ready_timeout_s: float = 3
         notes.append(f"Serving on {gpus} GPU(s).")
     host, port = http_address(doc)
     doc.setdefault("http_options", {}).update({"host": host, "port": port})
+    keys = env.api_keys()  # read here too: a bad key file fails before Ray starts
+    warning = exposure_warning(host, bool(keys))
+    warnings = [warning] if warning else []
+    if warning:
+        logger.warning(warning)  # now, before the minutes of start-up, and again at the end
+    elif keys:
+        notes.append(
+            f"API keys: {len(keys)} configured; inference, /v1/models and /v1/memory need one."
+        )
     if not port_is_free(host, port):
         raise StartupError(
             f"{host}:{port} is already in use (another server, or an HAProxy left by a killed "
@@ -249,7 +283,7 @@ def run(doc: dict[str, Any], *, haproxy: bool = True, ready_timeout_s: float = 3
     deploy(doc)
     url = f"http://{host}:{port}"
     wait_ready(url, ready_timeout_s)
-    return Deployment(url=url, notes=notes, haproxy=haproxy)
+    return Deployment(url=url, notes=notes, haproxy=haproxy, warnings=warnings)
 
 
 def haproxy_pids(session_dir: str) -> list[int]:

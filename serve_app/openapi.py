@@ -13,7 +13,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from serve_app.auth import PROTECTED_PATHS
+
 REF = "#/components/schemas/{model}"
+BEARER = "bearerAuth"
 
 
 class ErrorDetail(BaseModel):
@@ -225,8 +228,31 @@ def _inference(route: str, max_body_bytes: int) -> dict[str, Any]:
     return {"post": op}
 
 
-def build_openapi(route: str, model_name: str, max_body_bytes: int) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of an application that serves ``route`` for ``model_name``."""
+def _secure(paths: dict[str, Any]) -> None:
+    """Mark the routes auth protects: the bearer scheme and their 401."""
+    unauthorized = {
+        "description": "No valid API key (send 'Authorization: Bearer <key>')",
+        "headers": {
+            "WWW-Authenticate": {
+                "description": "Bearer challenge (RFC 6750)",
+                "schema": {"type": "string"},
+            }
+        },
+        **_json(ErrorBody),
+    }
+    for path, item in paths.items():
+        if path not in PROTECTED_PATHS:
+            continue
+        for op in item.values():
+            op["security"] = [{BEARER: []}]
+            op["responses"]["401"] = unauthorized
+
+
+def build_openapi(
+    route: str, model_name: str, max_body_bytes: int, auth: bool = False
+) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of an application that serves ``route`` for ``model_name``;
+    with ``auth``, the bearer scheme on the routes it protects (auth.PROTECTED_PATHS)."""
     schemas: dict[str, Any] = {}
     for model in MODELS:
         schema = model.model_json_schema(ref_template=REF)
@@ -244,6 +270,23 @@ def build_openapi(route: str, model_name: str, max_body_bytes: int) -> dict[str,
             "schema": {"type": "string"},
         }
     ]
+    paths = {
+        route: _inference(route, max_body_bytes),
+        "/v1/models": _get("Models served", ModelList),
+        "/healthz": _get("Liveness", Health),
+        "/readyz": ready,
+        "/v1/memory": _get("Per-replica GPU memory figures (integer bytes)", MemoryReport),
+    }
+    components: dict[str, Any] = {"schemas": schemas}
+    if auth:
+        _secure(paths)
+        components["securitySchemes"] = {
+            BEARER: {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "An API key from SERVE_APP_API_KEYS or SERVE_APP_API_KEYS_FILE",
+            }
+        }
     return {
         "openapi": "3.1.0",
         "info": {
@@ -251,12 +294,6 @@ def build_openapi(route: str, model_name: str, max_body_bytes: int) -> dict[str,
             "version": "0.1.0",
             "description": f"GPU-memory-partitioned inference on Ray Serve: {model_name}",
         },
-        "paths": {
-            route: _inference(route, max_body_bytes),
-            "/v1/models": _get("Models served", ModelList),
-            "/healthz": _get("Liveness", Health),
-            "/readyz": ready,
-            "/v1/memory": _get("Per-replica GPU memory figures (integer bytes)", MemoryReport),
-        },
-        "components": {"schemas": schemas},
+        "paths": paths,
+        "components": components,
     }

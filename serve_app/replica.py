@@ -15,9 +15,10 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from serve_app import readiness
+from serve_app import env, readiness
 from serve_app.adapters import make_adapter
 from serve_app.adapters.imagedecode import ItemError
+from serve_app.auth import ApiKeys
 from serve_app.autoscale import replica_autoscaling_stats
 from serve_app.batcher import Batcher
 from serve_app.config import AppArgs, parse_args
@@ -76,6 +77,7 @@ class ModelServer:
             self._setup_adapter()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
         self._served_by = {"x-serve-app-replica": self.replica_id}
+        self._api_keys = ApiKeys(env.api_keys())  # from the environment, never the config
         self.calibration: Any = None
         # Graphs first: their memory pool stays, so calibration must measure beside it.
         with phases("graph_capture"):
@@ -212,8 +214,10 @@ class ModelServer:
                 "/docs": {"GET": self.docs},
             }
         )
-        self._openapi = build_openapi(served, self.args.model_name, self.args.max_body_bytes)
-        return Ingress(routes)
+        self._openapi = build_openapi(
+            served, self.args.model_name, self.args.max_body_bytes, auth=self._api_keys.enabled
+        )
+        return Ingress(routes, self._api_keys)
 
     async def _infer(self, request: Request) -> Response:
         try:

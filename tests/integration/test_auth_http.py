@@ -1,0 +1,75 @@
+"""API keys over real HTTP: a replica whose environment names a key file refuses requests
+without a valid key with 401 before any model work; probes and the OpenAPI document stay open."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+KEYS = ("first-key-3b9c", "second-key-77e1")
+ARGS = {"adapter": "embeddings", "max_batch_size": 8}
+WRONG_KEY_REQUESTS = 20
+
+
+@pytest.fixture(scope="module")
+def keyed(cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    keys_file = tmp_path_factory.mktemp("keys") / "api-keys.txt"
+    keys_file.write_text("# serve_app test keys\n" + "\n".join(KEYS) + "\n")
+    base = cluster.deploy(
+        "keyed",
+        "/keyed",
+        ARGS,
+        ray_actor_options={
+            "num_cpus": 0.5,
+            # The file's path through the replica's environment: never the key in the config.
+            "runtime_env": {"env_vars": {"SERVE_APP_API_KEYS_FILE": str(keys_file)}},
+        },
+    )
+    yield base
+    cluster.delete("keyed")
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def batches(base: str, replica_id: str) -> int:
+    report = httpx.get(f"{base}/v1/memory", headers=bearer(KEYS[0]), timeout=30.0).json()
+    return int(next(r["batches"] for r in report["replicas"] if r["replica_id"] == replica_id))
+
+
+def test_probes_and_the_openapi_document_stay_open(keyed: str) -> None:
+    assert httpx.get(f"{keyed}/healthz").status_code == 200
+    assert httpx.get(f"{keyed}/readyz").status_code == 200
+    spec = httpx.get(f"{keyed}/openapi.json").json()
+    assert spec["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
+    assert spec["paths"]["/v1/embeddings"]["post"]["security"] == [{"bearerAuth": []}]
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/memory"])
+def test_read_routes_need_a_key(keyed: str, path: str) -> None:
+    resp = httpx.get(f"{keyed}{path}", timeout=30.0)
+    assert resp.status_code == 401 and resp.json()["error"]["code"] == "missing_api_key"
+    assert httpx.get(f"{keyed}{path}", headers=bearer(KEYS[1]), timeout=30.0).status_code == 200
+
+
+def test_a_wrong_key_costs_no_model_work(keyed: str) -> None:
+    url = f"{keyed}/v1/embeddings"
+    body = {"input": ["a sentence to embed"]}
+    ok = httpx.post(url, json=body, headers=bearer(KEYS[0]), timeout=60.0)
+    assert ok.status_code == 200, ok.text
+    replica = ok.headers["x-serve-app-replica"]
+    before = batches(keyed, replica)
+    with httpx.Client(timeout=30.0) as client:
+        for i in range(WRONG_KEY_REQUESTS):
+            headers = bearer(f"{KEYS[0]}x") if i % 2 else {}
+            resp = client.post(url, json=body, headers=headers)
+            assert resp.status_code == 401, resp.text
+            assert resp.headers["www-authenticate"].startswith("Bearer")
+            assert resp.json()["error"]["type"] == "authentication_error"
+    assert batches(keyed, replica) == before  # 20 refusals, not one batch
+    again = httpx.post(url, json=body, headers=bearer(KEYS[1]), timeout=60.0)
+    assert again.status_code == 200
+    assert batches(keyed, again.headers["x-serve-app-replica"]) >= 1
