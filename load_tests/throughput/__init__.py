@@ -12,7 +12,8 @@ weights, real defaults otherwise) on the server cores, and measures:
 beside the references that say what the numbers mean:
 
 - the clients' own ceiling: both clients against HAProxy answering by itself, on the server
-  cores, with the same payloads (a row is flagged when this is under 3x what it measured);
+  cores, with the same requests and answers of the size serve_app gives (a row is flagged
+  when this ceiling is under 3x what the client measured there);
 - plain Ray Serve's no-op behind the same HAProxy ingress at the same replica counts;
 - the model alone in one process (the in-process ceiling), best over batches.
 
@@ -21,15 +22,19 @@ beside the references that say what the numbers mean:
         [--duration-s S] [--mps] [--max-time-s 540] [--device cpu --quick]
     python -m load_tests.throughput.render DIR/throughput.json      # the markdown tables
 
-Writes DIR/throughput.json (a list of rows, rewritten as they arrive), DIR/meta.json and
-DIR/server_reports.json (each job's GET /v1/memory at its end). A setup the time budget does
-not reach gets a ``skipped`` row with a note. ``--merge`` keeps the measured rows of an earlier
-run's throughput.json that this run did not measure again (to split the matrix over runs).
+Writes DIR/throughput.json (a list of rows, rewritten as they arrive), DIR/meta.json (host,
+cores, versions, the plan, flags) and DIR/server_reports.json (each job's GET /v1/memory at
+its end), and the workers' logs. A setup the time budget does not reach gets a ``skipped`` row
+with a note; the run logs its plan first (which jobs, about how long, how many fit).
+``--merge`` keeps the measured rows of an earlier run's throughput.json that this run did not
+measure again (the whole matrix takes more than one 10-minute run on the GPU host).
 
-Modules: ``options`` (command line, cores), ``payload`` (request bodies), ``wrk`` (script,
-command, output), ``openloop`` (the aiohttp client processes), ``noop_server`` (HAProxy's
-static no-op), ``stats`` and ``rows`` (pure functions), ``measure`` (one target, both
-clients), ``serve`` (the Ray session and its jobs), ``cli`` (the phases), ``render``.
+Modules: ``options`` (command line, cores), ``payload`` (request and answer bodies), ``wrk``
+(script, command, output), ``openloop`` (the aiohttp client processes), ``noop_server``
+(HAProxy's static no-op), ``noop_app`` (plain Ray Serve's no-op), ``stats`` and ``rows`` (pure
+functions), ``measure`` (one target, both clients), ``setups`` (configs, payloads and time
+estimates per job), ``serve`` (the Ray session and its jobs), ``workers`` (subprocesses),
+``cli`` (the phases), ``render``.
 """
 
 from __future__ import annotations

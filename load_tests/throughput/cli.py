@@ -110,7 +110,7 @@ def serve_phase(
     on_rows: Callable[[list], None],
 ) -> dict[str, Any]:
     """The jobs in one serve worker (a second one for the rest if the first dies early)."""
-    jobs = plan_jobs(cfg["models"], cfg["replicas"], cfg["phases"])
+    planned = jobs = plan_jobs(cfg["models"], cfg["replicas"], cfg["phases"])
     done_rows: list[dict[str, Any]] = []
     info: dict[str, Any] = {"server_reports": {}, "errors": [], "notes": [], "workers": 0}
     while jobs and deadline - time.time() > 30.0 and info["workers"] < 2:
@@ -127,20 +127,36 @@ def serve_phase(
         info["notes"] += res.get("notes", [])
         info.setdefault("ray_start_s", []).append(res.get("ray_start_s"))
         finished = set(res.get("jobs_done", []))
-        touched = {(r.get("setup"), r.get("model"), r.get("replicas")) for r in done_rows}
+        touched = {_job_id_of_row(r) for r in done_rows}
         jobs = [j for j in jobs if j["key"] not in finished]
         started = [j for j in jobs if _job_id(j) in touched]
         if started or rc != 0:
             log(f"serve worker exit {rc}; jobs left: {[j['key'] for j in jobs]}")
         jobs = [j for j in jobs if _job_id(j) not in touched]
-    for j in jobs:
-        for client in ("wrk", "open-loop"):
-            note = "not reached: time budget or the serve worker stopped"
-            c = {"setup": _job_id(j)[0], "model": j["model"], "replicas": j["replicas"]}
-            c["mps"] = cfg["mps"]
-            done_rows.append(rowlib.status_row(c, client, "skipped", note))
+    done_rows += missing_rows(planned, cfg, done_rows)
     on_rows(done_rows)
     return info
+
+
+def missing_rows(
+    jobs: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any], done: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """A ``skipped`` row for each planned (job, payload, client) that has no row: the time
+    budget ran out, or the serve worker stopped, before it was reached."""
+    from load_tests.throughput.setups import job_payloads
+
+    have = {(*_job_id_of_row(r), r.get("payload"), r.get("client")) for r in done}
+    out = []
+    for j in jobs:
+        for p in job_payloads(j, cfg):
+            for client in ("wrk", "open-loop"):
+                if (*_job_id(j), p.key, client) in have:
+                    continue
+                c = {"setup": _job_id(j)[0], "model": j["model"], "replicas": j["replicas"]}
+                c.update(payload=p.key, inputs_per_request=p.inputs_per_request, mps=cfg["mps"])
+                note = "not reached: time budget or the serve worker stopped"
+                out.append(rowlib.status_row(c, client, "skipped", note))
+    return out
 
 
 def _more(on_rows: Callable[[list], None], done: list, result: Mapping[str, Any]) -> None:
@@ -151,6 +167,10 @@ def _more(on_rows: Callable[[list], None], done: list, result: Mapping[str, Any]
 def _job_id(job: Mapping[str, Any]) -> tuple[Any, ...]:
     setup = "serve_app" if job["kind"] == "serve_app" else "ray_serve_noop"
     return (setup, job["model"], job["replicas"])
+
+
+def _job_id_of_row(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (row.get("setup"), row.get("model"), row.get("replicas"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -193,6 +213,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "flags": [],
     }
     parts: dict[str, list[dict[str, Any]]] = {"ceiling": [], "client": [], "serve": []}
+    if cfg["shared_physical_cores"] and len(cfg["server_cores"]) > 1:
+        pairs = ", ".join(f"{s}/{c}" for s, c in cfg["shared_physical_cores"][:8])
+        note = f"server and client CPUs share physical cores (server/client: {pairs}...)"
+        meta["notes"].append(note)
+        log(f"WARNING: {note}: the client's load takes the server's cores")
     plan = plan_estimate(cfg, plan_jobs(cfg["models"], cfg["replicas"], cfg["phases"]))
     meta["plan"] = plan
     log(

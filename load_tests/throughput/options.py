@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +49,51 @@ def format_cores(cores: Sequence[int]) -> str:
     return ",".join(out)
 
 
-def default_cores(available: Sequence[int]) -> tuple[list[int], list[int]]:
-    """The first half of the usable cores for the server, the second half for the clients
-    (one core each on a 2-core machine; both the same core on one)."""
-    cores = sorted(available)
-    if len(cores) < 2:
+def sibling_groups(
+    available: Sequence[int], siblings_of: Callable[[int], set[int]]
+) -> list[list[int]]:
+    """The usable CPUs grouped by physical core (hyperthreads together), in CPU order."""
+    groups: list[list[int]] = []
+    seen: set[int] = set()
+    for cpu in sorted(available):
+        if cpu in seen:
+            continue
+        group = sorted((siblings_of(cpu) | {cpu}) & set(available))
+        seen.update(group)
+        groups.append(group)
+    return groups
+
+
+def default_cores(
+    available: Sequence[int], siblings_of: Callable[[int], set[int]] | None = None
+) -> tuple[list[int], list[int]]:
+    """The first half of the physical cores for the server, the second half for the clients,
+    each with its hyperthread siblings, so that no physical core is shared (on many hosts CPU
+    n and n + N/2 are siblings: "first half of the CPU numbers" would split every core). One
+    core each on a 2-core machine; both the same core on one."""
+    groups = sibling_groups(available, siblings_of or thread_siblings)
+    if len(groups) < 2:
+        cores = sorted(available)
         return cores, cores
-    half = len(cores) // 2
-    return cores[:half], cores[half:]
+    half = len(groups) // 2
+    return sorted(c for g in groups[:half] for c in g), sorted(c for g in groups[half:] for c in g)
+
+
+def thread_siblings(cpu: int) -> set[int]:
+    """CPUs sharing ``cpu``'s physical core, from sysfs ({cpu} when it cannot be read)."""
+    path = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+    try:
+        return set(parse_cores(path.read_text().strip()))
+    except (OSError, ValueError):
+        return {cpu}
+
+
+def shared_physical_cores(
+    server: Sequence[int], client: Sequence[int], siblings_of: Callable[[int], set[int]]
+) -> list[tuple[int, int]]:
+    """(server CPU, client CPU) pairs on the same physical core (or the same CPU)."""
+    client_set = set(client)
+    return sorted((s, c) for s in server for c in sorted((siblings_of(s) | {s}) & client_set))
 
 
 def _ints(text: str) -> list[int]:
@@ -128,6 +165,7 @@ def make_config(a: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
     missing = sorted(set(server + client) - set(available))
     if missing:
         parser.error(f"cores {format_cores(missing)} are not usable here ({available})")
+    shared = shared_physical_cores(server, client, thread_siblings)
     if not 0 < a.openloop_fraction <= 1:
         parser.error("--openloop-fraction must be in (0, 1]")
     return {
@@ -169,4 +207,5 @@ def make_config(a: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
         "phases": phases,
         "merge": a.merge,
         "seed": 0,
+        "shared_physical_cores": [list(p) for p in shared],
     }

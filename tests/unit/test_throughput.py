@@ -12,7 +12,12 @@ import pytest
 from load_tests.throughput import rows, stats
 from load_tests.throughput.cli import plan_jobs
 from load_tests.throughput.noop_server import bufsize_for, haproxy_config, max_connections
-from load_tests.throughput.options import default_cores, format_cores, parse_cores
+from load_tests.throughput.options import (
+    default_cores,
+    format_cores,
+    parse_cores,
+    shared_physical_cores,
+)
 from load_tests.throughput.payload import model_payload, noop_payload
 from load_tests.throughput.render import render_markdown
 from load_tests.throughput.setups import noop_doc, serve_app_doc
@@ -237,8 +242,28 @@ def test_replica_cpus_place_on_the_server_cores() -> None:
 def test_core_lists() -> None:
     assert parse_cores("0-3,8, 10-11") == [0, 1, 2, 3, 8, 10, 11]
     assert format_cores([11, 0, 1, 2, 3, 8, 10]) == "0-3,8,10-11"
-    assert default_cores(range(32)) == (list(range(16)), list(range(16, 32)))
-    assert default_cores([0, 1]) == ([0], [1])
+    assert default_cores(range(32), _alone) == (list(range(16)), list(range(16, 32)))
+    assert default_cores([0, 1], _alone) == ([0], [1])
+    assert default_cores([3], _alone) == ([3], [3])
+
+
+def _alone(cpu: int) -> set[int]:
+    return {cpu}
+
+
+def _pairs(cpu: int) -> set[int]:
+    """CPU n and n + 16 share a physical core, as on many 32-thread hosts."""
+    return {cpu % 16, cpu % 16 + 16}
+
+
+def test_default_cores_keep_hyperthread_siblings_on_one_side() -> None:
+    siblings = _pairs
+    server, client = default_cores(range(32), siblings)
+    assert server == [*range(0, 8), *range(16, 24)]
+    assert client == [*range(8, 16), *range(24, 32)]
+    assert shared_physical_cores(server, client, siblings) == []
+    naive = shared_physical_cores(list(range(16)), list(range(16, 32)), siblings)
+    assert naive[:2] == [(0, 16), (1, 17)] and len(naive) == 16
     for bad in ("", "3-1", "a", "-1"):
         with pytest.raises(ValueError):
             parse_cores(bad)
@@ -484,3 +509,30 @@ def test_plan_estimate_counts_the_jobs_that_fit_the_budget() -> None:
         fixed + cfg["teardown_reserve_s"] + sum(j["s"] for j in roomy["jobs"]), abs=4
     )
     assert plan_estimate(dict(cfg, max_time_s=fixed), jobs)["jobs_fitting"] == 0
+
+
+def test_missing_rows_mark_what_was_not_reached() -> None:
+    from load_tests.throughput.cli import missing_rows
+
+    cfg = {"inputs_per_request": [1, 16], "encoding_format": "float", "mps": False}
+    jobs = plan_jobs(["minilm"], [4], ["serve", "noop"])
+    done = [
+        rows.new_row(
+            setup="serve_app",
+            model="minilm",
+            replicas=4,
+            payload="minilm-x1-float",
+            client=client,
+            status="ok",
+        )
+        for client in ("wrk", "open-loop")
+    ]
+    got = {
+        (r["setup"], r["payload"], r["client"], r["status"]) for r in missing_rows(jobs, cfg, done)
+    }
+    assert got == {
+        ("serve_app", "minilm-x16-float", "wrk", "skipped"),
+        ("serve_app", "minilm-x16-float", "open-loop", "skipped"),
+        ("ray_serve_noop", "noop", "wrk", "skipped"),
+        ("ray_serve_noop", "noop", "open-loop", "skipped"),
+    }
