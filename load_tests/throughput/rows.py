@@ -190,8 +190,9 @@ def apply_ceilings(rows: list[dict[str, Any]]) -> list[str]:
             if measured > 0 and ceiling < HEADROOM_MIN * measured:
                 flags.append(f"client ceiling under {HEADROOM_MIN:g}x: the client may be the limit")
         row["flags"] = flags
+        model = f" {row['model']}" if row.get("model") else ""
         what = (
-            f"{row['setup']} {row.get('model') or ''} x{row.get('inputs_per_request')} "
+            f"{row['setup']}{model} x{row.get('inputs_per_request')} "
             f"at {row.get('replicas')} replicas via {row['client']}"
         )
         if ceiling is None:
