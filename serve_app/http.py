@@ -105,11 +105,17 @@ async def guarded(work: Awaitable[Response], timeout_s: float | None = None) -> 
                     "its work was dropped"
                 )
             )
-        error_id = uuid.uuid4().hex[:12]
-        logger.exception("inference failed (error id %s)", error_id)
-        return error_response(
-            InferenceError(f"inference failed; error id {error_id} (see the server log)")
-        )
+        return internal_error()
+
+
+def internal_error(what: str = "inference") -> Response:
+    """A JSON 500 with an error id for an unexpected exception (call it from an ``except``):
+    the traceback goes to the log only."""
+    error_id = uuid.uuid4().hex[:12]
+    logger.exception("%s failed (error id %s)", what, error_id)
+    return error_response(
+        InferenceError(f"{what} failed; error id {error_id} (see the server log)")
+    )
 
 
 def route_path(scope: Scope) -> str:
@@ -169,7 +175,10 @@ class Ingress:
                     headers={"Allow": allow},
                 )
             else:
-                response = await handler(Request(scope, receive))
+                try:
+                    response = await handler(Request(scope, receive))
+                except Exception:  # noqa: BLE001 - a JSON 500 with an id, never a bare one
+                    response = internal_error("request")
         await response(scope, receive, send)
 
     def _denied(self, scope: Scope) -> Response | None:

@@ -66,7 +66,7 @@ class ClassifyRequest(BaseModel):
 
     input: str | list[str] = Field(description="Base64 JPEG or PNG image(s)")
     model: str | None = None
-    top_k: int | None = Field(default=None, ge=1, le=1000)
+    top_k: int = Field(default=5, ge=1, le=1000, description="Labels per image")
 
 
 class Label(BaseModel):
@@ -162,6 +162,7 @@ _STATUS_TEXT = {
     507: "An input does not fit in the replica's GPU memory even alone",
 }
 NOT_READY = "Not ready: some deployment has no RUNNING replica"
+UNEXPECTED = "Unexpected server error (the body carries an error id; the log has the rest)"
 RETRY_AFTER = {
     "Retry-After": {
         "description": "Whole seconds to wait before retrying",
@@ -190,6 +191,7 @@ def _errors(*codes: int) -> dict[str, Any]:
 def _get(summary: str, model: type[BaseModel], *extra: int) -> dict[str, Any]:
     responses: dict[str, Any] = {"200": {"description": "OK", **_json(model)}}
     responses.update(_errors(*extra))
+    responses["500"] = {"description": UNEXPECTED, **_json(ErrorBody)}
     return {"get": {"summary": summary, "responses": responses}}
 
 
@@ -248,16 +250,41 @@ def _secure(paths: dict[str, Any]) -> None:
             op["responses"]["401"] = unauthorized
 
 
+def _pin_request(
+    schema: dict[str, Any], model_name: str, max_inputs: int, dimensions: int | None
+) -> None:
+    """Narrow a request schema to what this application accepts, exactly: ``model`` is its
+    name or null, ``input`` a string or 1 to ``max_inputs`` strings, ``dimensions`` (where
+    present) its own size or null. (An input's token limit has no JSON Schema form: it is in
+    the description, and a longer input gets 400 input_too_long.)"""
+    props = schema["properties"]
+    props["model"]["anyOf"] = [{"type": "string", "enum": [model_name]}, {"type": "null"}]
+    array = props["input"]["anyOf"][1]
+    array.update({"minItems": 1, "maxItems": max_inputs})
+    if "dimensions" in props:
+        own = {"type": "integer", "enum": [dimensions]} if dimensions else {"type": "integer"}
+        props["dimensions"]["anyOf"] = [own, {"type": "null"}]
+
+
 def build_openapi(
-    route: str, model_name: str, max_body_bytes: int, auth: bool = False
+    route: str,
+    model_name: str,
+    max_body_bytes: int,
+    auth: bool = False,
+    *,
+    max_inputs: int = 128,
+    dimensions: int | None = None,
 ) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of an application that serves ``route`` for ``model_name``;
-    with ``auth``, the bearer scheme on the routes it protects (auth.PROTECTED_PATHS)."""
+    """The OpenAPI 3.1 document of an application that serves ``route`` for ``model_name``
+    (at most ``max_inputs`` inputs a request; embeddings of ``dimensions`` floats); with
+    ``auth``, the bearer scheme on the routes it protects (auth.PROTECTED_PATHS)."""
     schemas: dict[str, Any] = {}
     for model in MODELS:
         schema = model.model_json_schema(ref_template=REF)
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
+    for request_model in (EmbeddingsRequest, ClassifyRequest):
+        _pin_request(schemas[request_model.__name__], model_name, max_inputs, dimensions)
     ready = _get("Readiness: 200 while every deployment has a RUNNING replica", Readiness)
     ready["get"]["responses"]["503"] = {"description": NOT_READY, **_json(Readiness)}
     ready["get"]["parameters"] = [

@@ -134,3 +134,13 @@ def serve_details() -> dict[str, Any]:
         return {}
     details: dict[str, Any] = client.get_serve_details()
     return details
+
+
+def current() -> Readiness:
+    """The decision over Serve's details now; not ready (with the reason) when they cannot be
+    read, so a probe answers 503 rather than an error (blocking: call it off the loop)."""
+    try:
+        details = serve_details()
+    except Exception as exc:  # noqa: BLE001 - any failure to read the status means "not ready"
+        return Readiness(False, f"cannot read Serve's status: {type(exc).__name__}: {exc}", [])
+    return decide(details)

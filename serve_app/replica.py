@@ -215,7 +215,12 @@ class ModelServer:
             }
         )
         self._openapi = build_openapi(
-            served, self.args.model_name, self.args.max_body_bytes, auth=self._api_keys.enabled
+            served,
+            self.args.model_name,
+            self.args.max_body_bytes,
+            auth=self._api_keys.enabled,
+            max_inputs=self.args.max_inputs_per_request,
+            dimensions=self.adapter.describe().get("dimensions"),
         )
         return Ingress(routes, self._api_keys)
 
@@ -268,7 +273,7 @@ class ModelServer:
     async def readyz(self, request: Request) -> Response:
         """200 while every deployment has a RUNNING replica (readiness.decide); ``?verbose=1``
         adds every deployment's counts."""
-        state = readiness.decide(await asyncio.to_thread(readiness.serve_details))
+        state = await asyncio.to_thread(readiness.current)
         verbose = request.query_params.get("verbose", "") not in ("", "0", "false")
         return json_response(state.to_json(verbose), 200 if state.ready else 503)
 

@@ -155,3 +155,17 @@ async def test_guarded_turns_our_errors_into_their_status() -> None:
 
     resp = await guarded(full(), timeout_s=1.0)
     assert (resp.status_code, resp.headers["retry-after"]) == (503, "2")
+
+
+@pytest.mark.anyio
+async def test_a_handler_that_raises_gets_a_json_500_with_an_id() -> None:
+    async def broken(request: Request) -> Response:
+        raise RuntimeError("registry unreachable")
+
+    transport = httpx.ASGITransport(app=Ingress({"/v1/memory": {"GET": broken}}))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        resp = await client.get("/v1/memory")
+    assert resp.status_code == 500
+    err = resp.json()["error"]
+    assert err["message"].startswith("request failed; error id ")
+    assert "registry unreachable" not in resp.text  # the traceback stays in the log

@@ -113,3 +113,15 @@ def test_enum_values_are_read_as_their_strings() -> None:
     assert state.ready is True
     assert state.deployments[0].status == "HEALTHY"
     assert state.deployments[0].replica_states == {"RUNNING": 1}
+
+
+def test_an_unreadable_status_is_not_ready(monkeypatch) -> None:
+    from serve_app import readiness
+
+    def unreachable() -> dict[str, Any]:
+        raise ConnectionError("controller gone")
+
+    monkeypatch.setattr(readiness, "serve_details", unreachable)
+    state = readiness.current()
+    assert state.ready is False
+    assert state.reason == "cannot read Serve's status: ConnectionError: controller gone"
