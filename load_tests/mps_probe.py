@@ -56,7 +56,7 @@ def main() -> int:
         try:
             print(json.dumps(json.loads(line[0])), flush=True)
         except ValueError:
-            print(json.dumps({"when": when, "rc": proc.returncode, "stderr": proc.stderr[-400:]}))
+            print(json.dumps({"when": when, "rc": proc.returncode, "stderr": proc.stderr[-3000:]}))
     return 0
 
 
