@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -114,3 +115,13 @@ class RequestTimeout(ServeAppError):
 
     status_code = 504
     error_type = "timeout"
+
+
+@dataclass(frozen=True)
+class ItemError:
+    """A batch output that stands for an item the batch could not process (an image that
+    could not be decoded on the GPU path, say): ``error`` is what its request answers (a 4xx
+    naming ``input[index]``), while the batch's other requests get their answers."""
+
+    index: int
+    error: ServeAppError

@@ -17,12 +17,11 @@ from starlette.responses import HTMLResponse, Response
 
 from serve_app import env, readiness
 from serve_app.adapters import make_adapter
-from serve_app.adapters.imagedecode import ItemError
 from serve_app.auth import ApiKeys
 from serve_app.autoscale import replica_autoscaling_stats
 from serve_app.batcher import Batcher
 from serve_app.config import AppArgs, parse_args
-from serve_app.errors import InsufficientMemory, NotFound, Overloaded, StartupError
+from serve_app.errors import InsufficientMemory, ItemError, NotFound, Overloaded, StartupError
 from serve_app.http import Ingress, error_response, guarded, json_response, read_body
 from serve_app.memory import format_bytes
 from serve_app.metrics import ReplicaMetrics

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from serve_app.adapters.base import Decoded, pow2_sizes, resolve_dtype
-from serve_app.adapters.imagedecode import GpuJpegDecoder, ItemError, use_gpu_decode
+from serve_app.adapters.imagedecode import GpuJpegDecoder, use_gpu_decode
 from serve_app.adapters.imagefile import (
     EncodedImage,
     encoded_image,
@@ -40,6 +40,7 @@ from serve_app.config import AppArgs
 from serve_app.errors import (
     BadRequest,
     ConfigError,
+    ItemError,
     ServeAppError,
     UnsupportedMediaType,
 )

@@ -30,7 +30,7 @@ import torch
 from serve_app.adapters.imagefile import EncodedImage, synthetic_jpeg, worst_case_size
 from serve_app.adapters.imageresize import resize_crops
 from serve_app.config import AppArgs
-from serve_app.errors import ServeAppError, StartupError
+from serve_app.errors import StartupError
 from serve_app.oom import is_torch_oom
 
 logger = logging.getLogger("serve_app")
@@ -43,19 +43,6 @@ DECODE_CHUNK_IMAGES = 256
 # Room kept for nvJPEG's buffers beyond what the start-up probe measured (see reserve_bytes).
 DECODER_MARGIN_FRACTION = 0.25
 DECODER_MARGIN_BYTES = 64 * 1024**2
-
-
-@dataclass(frozen=True)
-class ItemError:
-    """The result for an item whose image could not be decoded in the batch (GPU path).
-
-    ``error`` is the error the CPU path raises for the same image in ``decode`` (a 400 naming
-    ``input[index]``); the replica raises it for the item's request, whose other items are
-    dropped, while the batch's other requests get their answers.
-    """
-
-    index: int
-    error: ServeAppError
 
 
 def plan_chunks(pixels: Sequence[int], max_pixels: int, max_images: int) -> list[list[int]]:

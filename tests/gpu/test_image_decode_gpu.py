@@ -52,7 +52,6 @@ from serve_app.adapters.image import ImageClassifierAdapter  # noqa: E402
 from serve_app.adapters.imagedecode import (  # noqa: E402
     DecoderMemory,
     GpuJpegDecoder,
-    ItemError,
     measure_decoder_bytes,
     nvjpeg_decoder,
 )
@@ -65,7 +64,7 @@ from serve_app.adapters.imagefile import (  # noqa: E402
 )
 from serve_app.adapters.imageresize import crop_box, resize_crops  # noqa: E402
 from serve_app.config import parse_args  # noqa: E402
-from serve_app.errors import BadRequest  # noqa: E402
+from serve_app.errors import BadRequest, ItemError  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

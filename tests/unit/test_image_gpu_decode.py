@@ -24,7 +24,6 @@ from serve_app.adapters import imagedecode, imageresize
 from serve_app.adapters.image import ImageClassifierAdapter
 from serve_app.adapters.imagedecode import (
     GpuJpegDecoder,
-    ItemError,
     decoder_probe_batches,
     group_by_shape,
     plan_chunks,
@@ -42,7 +41,14 @@ from serve_app.adapters.imagefile import (
 )
 from serve_app.adapters.imageresize import axis_weights, crop_box, resize_crops
 from serve_app.config import parse_args
-from serve_app.errors import BadRequest, ConfigError, PayloadTooLarge, ServeAppError, StartupError
+from serve_app.errors import (
+    BadRequest,
+    ConfigError,
+    ItemError,
+    PayloadTooLarge,
+    ServeAppError,
+    StartupError,
+)
 
 CPU = torch.device("cpu")
 MAX_PIXELS = 40_000_000
