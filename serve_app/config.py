@@ -16,6 +16,8 @@ from serve_app.errors import ConfigError
 
 AdapterKind = Literal["embeddings", "image-classification"]
 CachePolicy = Literal["always", "threshold", "never"]
+Enforcement = Literal["torch", "mps", "both"]
+MPS_VARS = ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
 IMPORT_PATH = "serve_app.app:build_app"
 DEFAULT_DEPLOYMENT_NAME = "model"
 
@@ -47,6 +49,31 @@ class MemoryArgs(BaseModel):
     calibration_max_batch_size: int = Field(
         default=256, ge=1, le=65536, description="Largest batch calibration tries."
     )
+    enforcement: Enforcement = Field(
+        default="torch",
+        description="What holds a replica to its budget. torch: PyTorch's allocator cap "
+        "(set_per_process_memory_fraction), which memory allocated outside PyTorch escapes "
+        "(reported as an escape within a second). mps: each replica is an MPS client with a "
+        "driver-enforced limit equal to its budget, which nothing in the process can pass, and "
+        "replicas' kernels run concurrently; needs an MPS control daemon (serve-app run starts "
+        "one). both: the two together. See docs/mps.md.",
+    )
+    compute_share: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="mps/both only: the share of the GPU's SMs a replica may use "
+        "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE). Default: all of them.",
+    )
+
+    @model_validator(mode="after")
+    def _check_mps(self) -> MemoryArgs:
+        if self.compute_share is not None and self.enforcement == "torch":
+            raise ValueError(
+                f"compute_share ({self.compute_share:g}) needs enforcement mps or both (MPS sets "
+                "it); set enforcement: mps or remove compute_share"
+            )
+        return self
 
 
 class AppArgs(BaseModel):
@@ -258,6 +285,7 @@ def _check_deployments(args: AppArgs, deployments: list[Any], where: str) -> lis
                 f"{path}.ray_actor_options.num_gpus ({num_gpus}); a replica's cap must fit in "
                 "its GPU share: lower memory_fraction or raise num_gpus"
             )
+        errors.extend(_check_mps_deployment(args, opts, num_gpus, where, path))
         if isinstance(num_gpus, (int, float)) and num_gpus > 1:
             errors.append(
                 f"{path}.ray_actor_options.num_gpus: {num_gpus} is more than one GPU; "
@@ -279,6 +307,47 @@ def _check_deployments(args: AppArgs, deployments: list[Any], where: str) -> lis
                 )
                 errors.append(where_kwargs + rest)
     return errors
+
+
+def _check_mps_deployment(
+    args: AppArgs, opts: dict[str, Any], num_gpus: Any, where: str, path: str
+) -> list[str]:
+    """MPS settings that would fail at start-up, or silently not apply, said at check time."""
+    errors: list[str] = []
+    enforcement = args.memory.enforcement
+    env_vars = ((opts.get("runtime_env") or {}).get("env_vars") or {}) if opts else {}
+    if enforcement != "torch" and not num_gpus:
+        errors.append(
+            f"{where}.args.memory.enforcement: {enforcement} needs a GPU share, but "
+            f"{path}.ray_actor_options.num_gpus is not set; set it (e.g. 0.25) or use "
+            "enforcement: torch"
+        )
+    if not isinstance(env_vars, dict):
+        return errors
+    for var in MPS_VARS:
+        if var in env_vars and enforcement != "torch":
+            errors.append(
+                f"{path}.ray_actor_options.runtime_env.env_vars.{var}: serve_app sets it for "
+                f"each replica under enforcement {enforcement} (from num_gpus, memory_fraction "
+                "and compute_share); remove it"
+            )
+    limit = env_vars.get(MPS_VARS[0])
+    if limit is not None and enforcement == "torch":
+        from serve_app.mps import check_limit_value
+
+        for problem in check_limit_value(str(limit)):
+            errors.append(f"{path}.ray_actor_options.runtime_env.env_vars.{MPS_VARS[0]}: {problem}")
+    return errors
+
+
+def enforcements(doc: dict[str, Any]) -> dict[str, str]:
+    """``memory.enforcement`` of each serve_app application in a (checked) deploy config."""
+    out: dict[str, str] = {}
+    for i, app in enumerate(doc.get("applications") or []):
+        if isinstance(app, dict) and app.get("import_path") == IMPORT_PATH:
+            args = AppArgs.model_validate(app.get("args") or {})
+            out[str(app.get("name", f"applications[{i}]"))] = args.memory.enforcement
+    return out
 
 
 def load_deploy_config(path: str | Path) -> dict[str, Any]:

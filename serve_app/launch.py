@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
-from serve_app import env
-from serve_app.config import check_deploy_config
+from serve_app import env, mps
+from serve_app.config import check_deploy_config, enforcements
 from serve_app.errors import ConfigError, StartupError
 
 logger = logging.getLogger("serve_app")
@@ -36,6 +36,27 @@ class Deployment:
     notes: list[str] = field(default_factory=list)
     haproxy: bool = False
     warnings: list[str] = field(default_factory=list)
+
+
+# The MPS control daemon `run` found or started, for `shutdown` (which stops only one it started).
+_mps_daemon: mps.Daemon | None = None
+
+
+def start_mps_if_needed(doc: dict[str, Any], gpus: int) -> str | None:
+    """Find or start the node's MPS control daemon when an application's memory.enforcement is
+    mps or both (before Ray, whose processes inherit its pipe directory); a note saying which,
+    or None when no application needs MPS."""
+    global _mps_daemon
+    needing = sorted(name for name, e in enforcements(doc).items() if mps.uses_mps(e))
+    if not needing:
+        return None
+    if gpus == 0:
+        raise StartupError(
+            f"application(s) {', '.join(needing)} set memory.enforcement mps or both, which "
+            f"needs an NVIDIA GPU, and this machine has none; {mps.TORCH_HINT}"
+        )
+    _mps_daemon = mps.ensure_daemon()
+    return f"{_mps_daemon.describe()}, for {', '.join(needing)}."
 
 
 def gpu_count() -> int:
@@ -279,6 +300,9 @@ def run(doc: dict[str, Any], *, haproxy: bool = True, ready_timeout_s: float = 3
             f"{host}:{port} is already in use (another server, or an HAProxy left by a killed "
             "run: `pkill haproxy`); free it or set http_options.port in the config"
         )
+    mps_note = start_mps_if_needed(doc, gpus)
+    if mps_note:
+        notes.append(mps_note)
     start_ray(gpus, haproxy)
     deploy(doc)
     url = f"http://{host}:{port}"
@@ -363,3 +387,6 @@ def shutdown() -> None:
             proc.kill()
     if haproxy_dir is not None and haproxy_dir.is_dir():
         shutil.rmtree(haproxy_dir, ignore_errors=True)
+    global _mps_daemon
+    mps.stop_daemon(_mps_daemon)  # after Ray: its replicas were the daemon's clients
+    _mps_daemon = None

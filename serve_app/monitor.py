@@ -1,10 +1,13 @@
 """A GPU memory monitor per node: a light Ray actor that samples NVML about once a second.
 
 It reports device-level free bytes per GPU UUID (memory of processes outside Ray included) and,
-every few seconds, Ray's free logical GPU. Replicas read it (``latest_readings``) when Serve asks
-them for autoscaling stats; the Serve controller's policy pushes its last decision per deployment
-to it fire-and-forget (``record_decision``), and ``serve-app status`` reads everything back with
-``status_snapshot``.
+every few seconds, Ray's free logical GPU. It also watches every GPU replica's NVML bytes against
+its budget four times a second (``watch``): a replica over its budget (memory allocated outside
+PyTorch's cap, which ``enforcement: torch`` cannot stop) is an *escape*, logged, exported as the
+``serve_app_budget_escape_bytes`` gauge and listed by ``serve-app status`` within a second.
+Replicas read it (``latest_readings``) when Serve asks them for autoscaling stats; the Serve
+controller's policy pushes its last decision per deployment to it fire-and-forget
+(``record_decision``), and ``serve-app status`` reads everything back with ``status_snapshot``.
 
 One actor per node, named ``serve_app_gpu_monitor_<node_id>`` in namespace ``serve_app``, created
 idempotently (``get_if_exists``, detached, ``num_cpus=0``, pinned to its node).
@@ -13,8 +16,10 @@ idempotently (``get_if_exists``, detached, ``num_cpus=0``, pinned to its node).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +32,9 @@ __all__ = [
     "MONITOR_NAMESPACE",
     "MONITOR_PREFIX",
     "DecisionRecord",
+    "Escape",
+    "WatchedReplica",
+    "find_escapes",
     "GpuMonitor",
     "GpuReading",
     "NodeReadings",
@@ -46,6 +54,7 @@ MONITOR_NAMESPACE = "serve_app"
 MONITOR_PREFIX = "serve_app_gpu_monitor_"
 SAMPLE_PERIOD_S = 1.0
 RAY_GPU_PERIOD_S = 5.0
+ESCAPE_PERIOD_S = 0.25  # watched replicas' bytes against their budgets; reported within 1 s
 
 
 def gpu_key(uuid: str) -> int:
@@ -99,12 +108,87 @@ class DecisionRecord:
 
 
 @dataclass(frozen=True)
+class WatchedReplica:
+    """A GPU replica whose NVML bytes the monitor compares with its budget."""
+
+    replica_id: str
+    app: str
+    pid: int
+    gpu_uuid: str
+    budget_bytes: int
+    enforcement: str
+
+
+@dataclass(frozen=True)
+class Escape:
+    """A replica seen holding more GPU memory than its budget."""
+
+    replica_id: str
+    app: str
+    pid: int
+    gpu_uuid: str
+    budget_bytes: int
+    enforcement: str
+    nvml_process_bytes: int
+    peak_bytes: int
+    first_seen_s: float
+    last_seen_s: float
+    active: bool
+
+    @property
+    def over_bytes(self) -> int:
+        return self.nvml_process_bytes - self.budget_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        doc = dict(self.__dict__)
+        doc["over_bytes"] = self.over_bytes
+        return doc
+
+
+def find_escapes(
+    watched: dict[int, WatchedReplica],
+    processes: dict[str, dict[int, int]],
+    previous: dict[int, Escape],
+    now_s: float,
+) -> dict[int, Escape]:
+    """Escapes by PID after one reading: a watched replica whose bytes on its GPU exceed its
+    budget is (still) escaping; one seen before and now back within it stays listed, inactive.
+
+    ``processes`` holds NVML's bytes per PID per GPU UUID (only GPUs that were read).
+    """
+    out = {pid: dataclasses.replace(e, active=False) for pid, e in previous.items()}
+    for pid, rep in watched.items():
+        per_pid = processes.get(rep.gpu_uuid)
+        if per_pid is None or pid not in per_pid:
+            continue
+        used = per_pid[pid]
+        if used <= rep.budget_bytes:
+            continue
+        before = previous.get(pid)
+        out[pid] = Escape(
+            replica_id=rep.replica_id,
+            app=rep.app,
+            pid=pid,
+            gpu_uuid=rep.gpu_uuid,
+            budget_bytes=rep.budget_bytes,
+            enforcement=rep.enforcement,
+            nvml_process_bytes=used,
+            peak_bytes=max(used, before.peak_bytes if before else used),
+            first_seen_s=before.first_seen_s if before and before.active else now_s,
+            last_seen_s=now_s,
+            active=True,
+        )
+    return out
+
+
+@dataclass(frozen=True)
 class StatusSnapshot:
     """What ``serve-app status`` shows: every node's GPUs and the controller's decisions."""
 
     nodes: tuple[NodeReadings, ...]
     decisions: dict[str, DecisionRecord] = field(default_factory=dict)
     errors: tuple[str, ...] = ()
+    escapes: tuple[Escape, ...] = ()
 
 
 def sample_node(
@@ -160,6 +244,10 @@ class GpuMonitor:
         self._ray_gpu_value: float | None = None
         self._ray_gpu_at_s: float | None = None
         self._decisions: dict[str, DecisionRecord] = {}
+        self._watched: dict[int, WatchedReplica] = {}
+        self._escapes: dict[int, Escape] = {}
+        self._escape_metrics: Any = None
+        self._last_sample_s = float("-inf")
         if start:
             threading.Thread(target=self._run, name="serve-app-gpu-monitor", daemon=True).start()
 
@@ -178,10 +266,91 @@ class GpuMonitor:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.sample_once()
+                if time.monotonic() - self._last_sample_s >= self._period_s:
+                    self._last_sample_s = time.monotonic()
+                    self.sample_once()
+                if self._watched:
+                    self.check_escapes()
             except Exception:  # keep sampling: one bad read must not end the monitor
                 logger.exception("GPU monitor sample failed")
-            self._stop.wait(self._period_s)
+            self._stop.wait(min(self._period_s, ESCAPE_PERIOD_S))
+
+    def watch(self, replica: WatchedReplica) -> None:
+        """Compare this replica's NVML bytes with its budget from now on (replicas call this
+        once they know their budget; a PID that has exited is dropped)."""
+        with self._lock:
+            self._watched[replica.pid] = replica
+
+    def check_escapes(
+        self, read: Callable[[str], dict[int, int] | nvml.NvmlError] = nvml.processes
+    ) -> list[Escape]:
+        """One look at every watched replica's bytes; logs and exports new escapes."""
+        with self._lock:
+            watched = dict(self._watched)
+            previous = dict(self._escapes)
+        for pid in [p for p in watched if not _pid_alive(p)]:
+            watched.pop(pid)
+            with self._lock:
+                self._watched.pop(pid, None)
+        readings: dict[str, dict[int, int]] = {}
+        for uuid in {w.gpu_uuid for w in watched.values()}:
+            got = read(uuid)
+            if not isinstance(got, nvml.NvmlError):
+                readings[uuid] = got
+        now_s = self._clock()
+        escapes = find_escapes(watched, readings, previous, now_s)
+        with self._lock:
+            self._escapes = escapes
+        for pid, esc in escapes.items():
+            was = previous.get(pid)
+            if esc.active and (was is None or not was.active):
+                logger.warning(
+                    "GPU memory escape: replica %s (%s, pid %d) holds %d bytes on GPU %s, %d "
+                    "over its budget of %d bytes (enforcement %s: %s)",
+                    esc.replica_id,
+                    esc.app,
+                    pid,
+                    esc.nvml_process_bytes,
+                    esc.gpu_uuid,
+                    esc.over_bytes,
+                    esc.budget_bytes,
+                    esc.enforcement,
+                    "memory allocated outside PyTorch's cap; enforcement: mps makes the driver "
+                    "refuse it"
+                    if esc.enforcement == "torch"
+                    else "over the driver's limit",
+                )
+            elif was is not None and was.active and not esc.active:
+                logger.warning(
+                    "GPU memory escape over: replica %s is within its budget again", esc.replica_id
+                )
+        self._export_escapes(escapes)
+        return list(escapes.values())
+
+    def _export_escapes(self, escapes: dict[int, Escape]) -> None:
+        if not escapes:
+            return
+        if self._escape_metrics is None:
+            try:
+                from ray.util import metrics
+
+                self._escape_metrics = metrics.Gauge(
+                    "serve_app_budget_escape_bytes",
+                    description="GPU bytes a replica holds over its budget (0 once back within).",
+                    tag_keys=("replica", "app", "gpu"),
+                )
+            except Exception:  # noqa: BLE001 - not in a Ray worker (tests): log lines only
+                self._escape_metrics = False
+        if self._escape_metrics:
+            for esc in escapes.values():
+                self._escape_metrics.set(
+                    float(esc.over_bytes if esc.active else 0),
+                    tags={"replica": esc.replica_id, "app": esc.app, "gpu": esc.gpu_uuid},
+                )
+
+    def escapes(self) -> list[Escape]:
+        with self._lock:
+            return list(self._escapes.values())
 
     def latest(self) -> NodeReadings:
         """The latest sample of this node's GPUs."""
@@ -193,13 +362,23 @@ class GpuMonitor:
         with self._lock:
             self._decisions[record.deployment] = record
 
-    def snapshot(self) -> tuple[NodeReadings, dict[str, DecisionRecord]]:
-        """The latest sample and every decision this monitor holds."""
+    def snapshot(self) -> tuple[NodeReadings, dict[str, DecisionRecord], list[Escape]]:
+        """The latest sample, every decision this monitor holds, and the escapes it saw."""
         with self._lock:
-            return self._latest, dict(self._decisions)
+            return self._latest, dict(self._decisions), list(self._escapes.values())
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def monitor_name(node_id: str) -> str:
@@ -282,19 +461,21 @@ def status_snapshot(timeout_s: float = 5.0) -> StatusSnapshot:
             errors.append(f"{name}: {exc}")
     nodes: list[NodeReadings] = []
     decisions: dict[str, DecisionRecord] = {}
+    escapes: list[Escape] = []
     ready, not_ready = (
         ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
     )
     for ref in ready:
         try:
-            node, node_decisions = ray.get(ref)
+            node, node_decisions, node_escapes = ray.get(ref)
         except Exception as exc:
             errors.append(f"monitor failed: {exc}")
             continue
         nodes.append(node)
+        escapes.extend(node_escapes)
         for dep, rec in node_decisions.items():
             if dep not in decisions or rec.timestamp_s > decisions[dep].timestamp_s:
                 decisions[dep] = rec
     if not_ready:
         errors.append(f"{len(not_ready)} monitor(s) did not answer within {timeout_s}s")
-    return StatusSnapshot(tuple(nodes), decisions, tuple(errors))
+    return StatusSnapshot(tuple(nodes), decisions, tuple(errors), tuple(escapes))

@@ -42,7 +42,11 @@ __all__ = [
     "format_uuid",
     "get_source",
     "is_scripted",
+    "device_memory_for_visible",
+    "mps_blockers",
+    "mps_client_pids",
     "process_used_bytes",
+    "processes",
     "set_source",
     "uuid_for_torch_device",
 ]
@@ -263,6 +267,59 @@ class NvmlSource:
         # Not listed: no context on this GPU, or a PID namespace (containers) hides it.
         return None
 
+    def processes(self, uuid: str) -> dict[int, int] | NvmlError:
+        """Every process with a context on this GPU and its bytes (MPS clients included: NVML
+        lists them among the compute processes too, with their own bytes)."""
+        nv = self._module()
+        if isinstance(nv, NvmlError):
+            return nv
+        handle = _call(nv, "nvmlDeviceGetHandleByUUID", uuid)
+        if isinstance(handle, NvmlError):
+            return handle
+        procs = _call(nv, "nvmlDeviceGetComputeRunningProcesses", handle)
+        if isinstance(procs, NvmlError):
+            return procs
+        return {int(p.pid): int(getattr(p, "usedGpuMemory", None) or 0) for p in procs}
+
+    def mps_client_pids(self, uuid: str) -> set[int] | NvmlError:
+        """PIDs NVML lists as MPS clients of this GPU."""
+        nv = self._module()
+        if isinstance(nv, NvmlError):
+            return nv
+        handle = _call(nv, "nvmlDeviceGetHandleByUUID", uuid)
+        if isinstance(handle, NvmlError):
+            return handle
+        procs = _call(nv, "nvmlDeviceGetMPSComputeRunningProcesses", handle)
+        if isinstance(procs, NvmlError):
+            return procs
+        return {int(p.pid) for p in procs}
+
+    def mps_blockers(self) -> list[str] | NvmlError:
+        """Why MPS cannot run on this node's GPUs: none at all, MIG, a prohibited compute mode."""
+        nv = self._module()
+        if isinstance(nv, NvmlError):
+            return nv
+        count = _call(nv, "nvmlDeviceGetCount")
+        if isinstance(count, NvmlError):
+            return count
+        if int(count) == 0:
+            return ["this node has no NVIDIA GPU"]
+        reasons = []
+        for index in range(int(count)):
+            handle = _call(nv, "nvmlDeviceGetHandleByIndex", index)
+            if isinstance(handle, NvmlError):
+                return handle
+            mig = _call(nv, "nvmlDeviceGetMigMode", handle)
+            if not isinstance(mig, NvmlError) and int(mig[0]) == 1:
+                reasons.append(
+                    f"GPU {index} is in MIG mode (MPS clients cannot set a memory limit per MIG "
+                    "instance here; serve_app does not place replicas on MIG instances)"
+                )
+            mode = _call(nv, "nvmlDeviceGetComputeMode", handle)
+            if not isinstance(mode, NvmlError) and int(mode) == 2:  # NVML_COMPUTEMODE_PROHIBITED
+                reasons.append(f"GPU {index} is in the Prohibited compute mode")
+        return reasons
+
 
 def _as_str(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
@@ -382,6 +439,31 @@ class ScriptedSource:
         used = dict(step.get("processes", {})).get(str(pid), {}).get(uuid)
         return None if used is None else int(used)
 
+    def processes(self, uuid: str) -> dict[int, int] | NvmlError:
+        state = self._state()
+        if isinstance(state, NvmlError):
+            return state
+        devices, step = state
+        if uuid not in devices:
+            return NvmlError(NvmlErrorKind.NOT_FOUND, f"no GPU with UUID {uuid} in the script")
+        return {
+            int(pid): int(per_gpu[uuid])
+            for pid, per_gpu in dict(step.get("processes", {})).items()
+            if uuid in per_gpu
+        }
+
+    def mps_client_pids(self, uuid: str) -> set[int] | NvmlError:
+        state = self._state()
+        if isinstance(state, NvmlError):
+            return state
+        return {int(p) for p in dict(state[1].get("mps_clients", {})).get(uuid, [])}
+
+    def mps_blockers(self) -> list[str] | NvmlError:
+        state = self._state()
+        if isinstance(state, NvmlError):
+            return state
+        return [str(r) for r in state[1].get("mps_blockers", [])]
+
 
 def _scripted_error(kind: Any, where: str) -> NvmlError:
     try:
@@ -433,6 +515,49 @@ def process_used_bytes(pid: int, uuid: str) -> int | None | NvmlError:
     PID (no CUDA context there, or a container's PID namespace hides it: replicas therefore also
     report their own torch figures)."""
     return get_source().process_used_bytes(pid, uuid)
+
+
+def _optional(name: str) -> Callable[..., Any] | NvmlError:
+    fn = getattr(get_source(), name, None)
+    if fn is None:
+        return NvmlError(NvmlErrorKind.NOT_SUPPORTED, f"this reading source has no {name}")
+    return fn  # type: ignore[no-any-return]
+
+
+def processes(uuid: str) -> dict[int, int] | NvmlError:
+    """Bytes per PID of every process with a context on this GPU (MPS clients included)."""
+    fn = _optional("processes")
+    return fn if isinstance(fn, NvmlError) else fn(uuid)
+
+
+def mps_client_pids(uuid: str) -> set[int] | NvmlError:
+    """The PIDs NVML lists as MPS clients of this GPU (empty without an MPS server)."""
+    fn = _optional("mps_client_pids")
+    return fn if isinstance(fn, NvmlError) else fn(uuid)
+
+
+def mps_blockers() -> list[str] | NvmlError:
+    """Why MPS cannot run on this node (no GPU, MIG, a prohibited compute mode); empty if it can."""
+    fn = _optional("mps_blockers")
+    return fn if isinstance(fn, NvmlError) else fn()
+
+
+def device_memory_for_visible(visible: str) -> GpuMemory | NvmlError:
+    """The memory of the GPU that one CUDA_VISIBLE_DEVICES entry names (an index, or a UUID or
+    its prefix), read without initialising CUDA. Indices follow NVML's (PCI bus) order, which
+    is CUDA's on a node of identical GPUs, the case Ray's GPU ids assume."""
+    devices = all_devices()
+    if isinstance(devices, NvmlError):
+        return devices
+    if visible.isdigit():
+        index = int(visible)
+        if index < len(devices):
+            return devices[index]
+    else:
+        matches = [d for d in devices if d.uuid.startswith(visible)]
+        if len(matches) == 1:
+            return matches[0]
+    return NvmlError(NvmlErrorKind.NOT_FOUND, f"no single GPU matches {visible!r}")
 
 
 def format_uuid(raw: object) -> str:

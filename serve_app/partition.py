@@ -16,6 +16,7 @@ A replica is in one of three GPU modes (``Partition.gpu_mode``, shown in the mem
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -24,7 +25,7 @@ from typing import Any, Literal
 
 import torch
 
-from serve_app import env, nvml
+from serve_app import env, mps, nvml
 from serve_app.adapters.imagedecode import startup_decoder_memory
 from serve_app.config import AppArgs
 from serve_app.errors import StartupError
@@ -95,6 +96,41 @@ def fit_cap_to_device(
     return lowered
 
 
+def cap_to_limit(budget: MemoryBudget, limit_bytes: int) -> MemoryBudget:
+    """``budget`` with its cap no higher than the MPS limit (which is sized from NVML's usable
+    bytes, rounded down to MiB): the driver refuses past the limit, so the plan must too."""
+    if limit_bytes >= budget.cap_bytes:
+        return budget
+    torch_cap = max(0, limit_bytes - budget.overhead_bytes)
+    return dataclasses.replace(
+        budget,
+        cap_bytes=limit_bytes,
+        torch_cap_bytes=torch_cap,
+        torch_fraction=torch_cap / budget.device_total_bytes,
+    )
+
+
+def _free_bytes(device: torch.device, uuid: str, plan: mps.ClientPlan | None) -> int:
+    """The device's free bytes. CUDA's figure, except for an MPS client with a limit: CUDA then
+    reports what is left of the limit, so NVML's device figure is read instead."""
+    if plan is not None:
+        dev = _nvml_value(nvml.device_memory(uuid))
+        if dev is not None:
+            return int(dev.free_bytes)
+    return int(torch.cuda.mem_get_info(device)[0])
+
+
+def _enforcement_text(budget: MemoryBudget, plan: mps.ClientPlan | None, mode: str) -> str:
+    parts = []
+    if mode != "mps":
+        parts.append(f"torch cap fraction {budget.torch_fraction:.4f}")
+    if plan is not None:
+        parts.append(f"MPS limit {plan.limit_value} ({format_bytes(plan.limit_bytes)})")
+        if plan.thread_percentage is not None:
+            parts.append(f"{plan.thread_percentage}% of the SMs")
+    return ", ".join(parts)
+
+
 def _nvml_value(result: Any) -> Any | None:
     return None if isinstance(result, nvml.NvmlError) else result
 
@@ -123,6 +159,8 @@ class Partition:
     cache_threshold_fraction: float = 0.0
     cache_frees: int = 0
     decoder_bytes: int = 0  # nvJPEG's buffers and margin, in the overhead (outside the torch cap)
+    enforcement: str = "torch"
+    mps_plan: mps.ClientPlan | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -138,8 +176,20 @@ class Partition:
 
     @classmethod
     def start(cls, args: AppArgs, num_gpus: float) -> Partition:
-        """Pick the device; on a GPU, measure the context, check free memory, apply the cap."""
+        """Pick the device; on a GPU, measure the context, check free memory, apply the cap.
+
+        Under MPS enforcement the replica's driver limit goes into its environment first, before
+        anything here initialises CUDA (``torch.cuda.is_available`` already does)."""
+        enforcement = args.memory.enforcement
+        plan = mps.plan_client(
+            enforcement, num_gpus, args.memory.memory_fraction, args.memory.compute_share
+        )
         device = resolve_device(args.device)
+        if device.type != "cuda" and plan is not None:
+            raise StartupError(
+                f"memory.enforcement {enforcement} needs CUDA, but this replica sees no CUDA "
+                f"device; {mps.TORCH_HINT}"
+            )
         if device.type != "cuda":
             if num_gpus > 0 and nvml.is_scripted():
                 logical = cls._start_logical(args, num_gpus, device)
@@ -165,6 +215,8 @@ class Partition:
         torch.cuda.set_device(device)
         torch.zeros(1, device=device)  # creates the CUDA context: the overhead we measure
         torch.cuda.synchronize(device)
+        if plan is not None:  # before any memory is planned: is the driver's limit in force?
+            mps.verify_client(plan, os.getpid(), uuid, int(torch.cuda.mem_get_info(device)[0]))
         # nvJPEG's own device buffers (GPU image decode) are cudaMalloc'd outside the torch cap
         # and kept for the process's life: grow them to their worst case now, so that the
         # overhead measured below holds them beside the CUDA context.
@@ -194,21 +246,24 @@ class Partition:
             overhead += decoder.reserve_bytes - decoder.raw_bytes
         try:
             budget = plan_budget(num_gpus, total_bytes, overhead, args.memory.memory_fraction)
-            free_bytes, _ = torch.cuda.mem_get_info(device)
             own = proc if proc is not None else overhead + reserved
-            budget = fit_cap_to_device(budget, int(free_bytes), int(own), uuid)
+            budget = fit_cap_to_device(budget, _free_bytes(device, uuid, plan), int(own), uuid)
         except GpuMemoryError as exc:
             raise StartupError(str(exc)) from None
-        torch.cuda.set_per_process_memory_fraction(budget.torch_fraction, device)
+        if plan is not None:
+            budget = cap_to_limit(budget, plan.limit_bytes)
+        if enforcement != "mps":  # torch and both: PyTorch's allocator cap
+            torch.cuda.set_per_process_memory_fraction(budget.torch_fraction, device)
         logger.info(
-            "GPU %s: budget %s (num_gpus=%s x %s), CUDA context %s (%s), torch cap fraction %.4f",
+            "GPU %s: budget %s (num_gpus=%s x %s), CUDA context %s (%s), enforcement %s: %s",
             uuid,
             format_bytes(budget.budget_bytes),
             num_gpus,
             format_bytes(total_bytes),
             format_bytes(overhead),
             source,
-            budget.torch_fraction,
+            enforcement,
+            _enforcement_text(budget, plan, enforcement),
         )
         return cls(
             device=device,
@@ -220,7 +275,14 @@ class Partition:
             cache_policy=args.memory.cache_policy,
             cache_threshold_fraction=args.memory.cache_threshold_fraction,
             decoder_bytes=decoder.reserve_bytes if decoder else 0,
+            enforcement=enforcement,
+            mps_plan=plan,
         )
+
+    @property
+    def torch_capped(self) -> bool:
+        """Whether PyTorch's allocator cap is set (enforcement torch or both, on a GPU)."""
+        return self.on_gpu and self.budget is not None and self.enforcement != "mps"
 
     @classmethod
     def _start_logical(
@@ -310,7 +372,7 @@ class Partition:
             "budget_bytes": budget.budget_bytes if budget else 0,
             "cap_bytes": budget.cap_bytes if budget else 0,
             # Only a real GPU has a torch cap; a logical-scripted budget is bookkeeping only.
-            "torch_fraction": budget.torch_fraction if budget and self.on_gpu else 0.0,
+            "torch_fraction": budget.torch_fraction if budget and self.torch_capped else 0.0,
             "allocated_bytes": snap.allocated_bytes,
             "reserved_bytes": snap.reserved_bytes,
             "peak_allocated_bytes": snap.peak_allocated_bytes,
@@ -321,4 +383,6 @@ class Partition:
             "nvml_process_bytes": proc,
             "cache_policy": self.cache_policy,
             "cache_frees": self.cache_frees,
+            "enforcement": self.enforcement if self.gpu_mode != "cpu" else None,
+            **(self.mps_plan.report() if self.mps_plan else {}),
         }

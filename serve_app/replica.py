@@ -9,23 +9,31 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import orjson
 import ray
 import torch
 from ray import serve
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from serve_app import env, readiness
+from serve_app import env, faults, readiness
 from serve_app.adapters import make_adapter
-from serve_app.auth import ApiKeys
+from serve_app.auth import PROTECTED_PATHS, ApiKeys
 from serve_app.autoscale import replica_autoscaling_stats
 from serve_app.batcher import Batcher
 from serve_app.config import AppArgs, parse_args
-from serve_app.errors import InsufficientMemory, ItemError, NotFound, Overloaded, StartupError
+from serve_app.errors import (
+    BadRequest,
+    InsufficientMemory,
+    ItemError,
+    NotFound,
+    Overloaded,
+    StartupError,
+)
 from serve_app.http import Ingress, error_response, guarded, json_response, read_body
 from serve_app.memory import format_bytes
 from serve_app.metrics import ReplicaMetrics
-from serve_app.monitor import get_or_create_monitor
+from serve_app.monitor import WatchedReplica, get_or_create_monitor
 from serve_app.oom import ItemTooLarge, is_torch_oom, lowered_batch_cap, predict_with_oom_split
 from serve_app.openapi import build_openapi
 from serve_app.partition import Partition
@@ -104,7 +112,9 @@ class ModelServer:
         self._registry = get_registry()
         self._metrics = ReplicaMetrics()
         if self.partition.gpu_uuid is not None:
-            get_or_create_monitor()  # the node's NVML sampler, for the report's GPU totals
+            # The node's NVML sampler: the report's GPU totals, and this replica's bytes
+            # watched against its budget (escapes).
+            self._watch_budget(get_or_create_monitor())
         threading.Thread(target=self._report_loop, name="report", daemon=True).start()
         logger.info(
             "replica %s ready: %s on %s, max batch %d",
@@ -112,6 +122,21 @@ class ModelServer:
             self.args.model_name,
             self.partition.device,
             self.batch_cap,
+        )
+
+    def _watch_budget(self, monitor: Any) -> None:
+        budget = self.partition.budget
+        if budget is None or self.partition.gpu_uuid is None:
+            return
+        monitor.watch.remote(
+            WatchedReplica(
+                replica_id=self.replica_id,
+                app=self.args.model_name,
+                pid=os.getpid(),
+                gpu_uuid=self.partition.gpu_uuid,
+                budget_bytes=budget.budget_bytes,
+                enforcement=self.partition.enforcement,
+            )
         )
 
     def _setup_adapter(self) -> None:
@@ -221,7 +246,40 @@ class ModelServer:
             max_inputs=self.args.max_inputs_per_request,
             dimensions=self.adapter.describe().get("dimensions"),
         )
-        return Ingress(routes, self._api_keys)
+        protected = set(PROTECTED_PATHS)
+        if faults.enabled():  # tests only: SERVE_APP_FAULT_HOOKS=1 in the replica's env
+            logger.warning(
+                "fault hooks ON at %s (SERVE_APP_FAULT_HOOKS=1): tests only", faults.PATH
+            )
+            routes[faults.PATH] = {"POST": self._fault}
+            protected.add(faults.PATH)
+            self._raw = faults.RawAllocations()
+        return Ingress(routes, self._api_keys, protected)
+
+    async def _fault(self, request: Request) -> Response:
+        return await guarded(self._fault_body(request), self.args.request_timeout_s)
+
+    async def _fault_body(self, request: Request) -> Response:
+        try:
+            body = orjson.loads(await read_body(request, 4096))
+        except orjson.JSONDecodeError:
+            body = None
+        kind, nbytes = faults.parse(body)
+        device = self.partition.device
+        if not self.partition.on_gpu:
+            raise BadRequest("fault hooks need a replica on a GPU", param="kind")
+        loop = asyncio.get_running_loop()
+        out: dict[str, Any] = {"kind": kind, "pid": os.getpid(), "replica_id": self.replica_id}
+        if kind == "raw_alloc":
+            out.update(await loop.run_in_executor(self._executor, self._raw.alloc, nbytes, device))
+        elif kind == "raw_free":
+            out.update(await loop.run_in_executor(self._executor, self._raw.free_all, device))
+        else:
+            try:
+                await loop.run_in_executor(self._executor, faults.device_assert, device)
+            except Exception as exc:  # noqa: BLE001 - the hook's whole point: report it
+                out["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        return json_response(out, headers=self._served_by)
 
     async def _infer(self, request: Request) -> Response:
         try:
@@ -279,14 +337,15 @@ class ModelServer:
     async def memory(self, request: Request) -> Response:
         await self._publish()  # the registry runs calls concurrently: ours must land first
         reports = await self._registry.all.remote(REPORT_MAX_AGE_S)
-        gpus, controller, errors = await asyncio.to_thread(cluster_view, reports)
+        view = await asyncio.to_thread(cluster_view, reports)
         return json_response(
             {
                 "object": "memory_report",
                 "replicas": reports,
-                "gpus": gpus,
-                "controller": controller,
-                "errors": errors,
+                "gpus": view.gpus,
+                "controller": view.controller,
+                "escapes": view.escapes,
+                "errors": view.errors,
             }
         )
 

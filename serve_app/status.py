@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from serve_app.memory import format_bytes
@@ -12,6 +13,7 @@ COLUMNS = [
     ("PID", "pid", 8),
     ("GPU", "gpu_uuid", 14),
     ("BUDGET", "budget_bytes", 11),
+    ("ENFORCE", "enforcement", 8),
     ("FRAC", "torch_fraction", 6),
     ("ALLOC", "allocated_bytes", 11),
     ("RESERVED", "reserved_bytes", 11),
@@ -51,6 +53,15 @@ def render_status(doc: dict[str, Any]) -> str:
             f"free {_cell('free_bytes', gpu.get('free_bytes'))}, sum of budgets "
             f"{_cell('budget_bytes', gpu.get('budgets_bytes'))}"
         )
+    for esc in doc.get("escapes", []) or []:
+        state = "ESCAPE" if esc.get("active") else "escaped earlier"
+        lines.append(
+            f"{state}: replica {esc.get('replica_id')} ({esc.get('app')}, pid {esc.get('pid')}, "
+            f"enforcement {esc.get('enforcement')}) holds "
+            f"{_cell('nvml_process_bytes', esc.get('nvml_process_bytes'))} on GPU "
+            f"{esc.get('gpu_uuid')}, {_cell('over_bytes', esc.get('over_bytes'))} over its "
+            f"budget of {_cell('budget_bytes', esc.get('budget_bytes'))}"
+        )
     for name, d in (doc.get("controller") or {}).items():
         lines.append(
             f"controller {name}: {d.get('current_replicas')} -> {d.get('target_replicas')} "
@@ -59,17 +70,25 @@ def render_status(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def cluster_view(
-    replicas: list[dict[str, Any]], timeout_s: float = 2.0
-) -> tuple[list[dict[str, Any]], dict[str, Any], list[str]]:
+@dataclass(frozen=True)
+class ClusterView:
+    """What the node monitors add to the replicas' reports in ``GET /v1/memory``."""
+
+    gpus: list[dict[str, Any]]
+    controller: dict[str, Any]
+    errors: list[str]
+    escapes: list[dict[str, Any]]
+
+
+def cluster_view(replicas: list[dict[str, Any]], timeout_s: float = 2.0) -> ClusterView:
     """Each GPU's total and free bytes (from the node monitors), the sum of the replicas'
-    budgets on it, and the controller's last decision per deployment."""
+    budgets on it, the controller's last decision per deployment, and budget escapes."""
     from serve_app.monitor import status_snapshot
 
     try:
         snap = status_snapshot(timeout_s)
     except Exception as exc:  # noqa: BLE001 - the report still shows the replicas
-        return [], {}, [f"monitor unavailable: {exc}"]
+        return ClusterView([], {}, [f"monitor unavailable: {exc}"], [])
     budgets: dict[str, int] = {}
     for rep in replicas:
         if rep.get("gpu_uuid"):
@@ -98,4 +117,5 @@ def cluster_view(
         }
         for name, d in snap.decisions.items()
     }
-    return gpus, controller, list(snap.errors)
+    escapes = sorted((e.to_json() for e in snap.escapes), key=lambda e: str(e["replica_id"]))
+    return ClusterView(gpus, controller, list(snap.errors), escapes)

@@ -29,8 +29,6 @@ from load_tests.throughput.setups import (
     measure_est_s,
     noop_doc,
     serve_app_doc,
-    start_mps,
-    stop_mps,
 )
 
 
@@ -220,14 +218,16 @@ def serve_worker(spec: dict[str, Any]) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = str(cfg["gpu"]) if cuda else ""
     path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), path) if p)
-    mps = False
-    if cfg["mps"]:
-        why = start_mps(scratch)  # the daemon serves the GPU named by CUDA_VISIBLE_DEVICES
-        mps = why is None
-        if why:
-            result["notes"].append(f"--mps asked, but no MPS: {why}")
-        else:  # its clients see that GPU as device 0 (load_tests/mps_probe.py)
-            os.environ["CUDA_VISIBLE_DEVICES"] = "0"
+    daemon = None
+    if cfg["mps"]:  # as `serve-app run` does for memory.enforcement: mps (serve_app/mps.py)
+        from serve_app import mps as serve_app_mps
+
+        try:
+            daemon = serve_app_mps.ensure_daemon()
+            result["notes"].append(daemon.describe())
+        except Exception as exc:  # noqa: BLE001 - the run goes on and says so
+            result["notes"].append(f"--mps asked, but no MPS: {exc}")
+    mps = daemon is not None
     pool = None
     ctx: dict[str, Any] = {"cfg": cfg, "cuda": cuda, "mps": mps, "result_path": result_path}
     ctx["deadline"] = spec["deadline_unix"]
@@ -265,6 +265,6 @@ def serve_worker(spec: dict[str, Any]) -> None:
         killed = kill_matching(str(scratch), names=("haproxy",))
         if killed:
             result["killed_haproxy_pids"] = killed
-        if mps:
-            stop_mps()
+        if daemon is not None:
+            serve_app_mps.stop_daemon(daemon)
         _write_json(result_path, result)

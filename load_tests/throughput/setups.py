@@ -1,17 +1,13 @@
 """What each job deploys and sends: serve_app's config (configs/default.yaml, what
 ``serve-app run`` deploys, with dummy fp16 weights), plain Ray Serve's no-op config, the payloads,
-the time one payload's measurement takes, and an optional MPS daemon."""
+the time one payload's measurement takes."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from load_tests.side_by_side.constants import MODELS, ROOT
-from load_tests.side_by_side.util import log
 from load_tests.throughput import noop_app, stats
 from load_tests.throughput.payload import Payload, model_payload, noop_payload
 
@@ -35,6 +31,8 @@ def serve_app_doc(model: str, replicas: int, cfg: Mapping[str, Any], port: int) 
     app["args"].update(load_format="dummy", dtype="float16", model_name=m["model_name"])
     if m["kind"] == "image":
         app["args"].update(adapter="image-classification", arch="resnet50")
+    if cfg.get("mps"):  # serve_app's MPS mode: a driver limit per replica, concurrent kernels
+        app["args"].setdefault("memory", {})["enforcement"] = "mps"
     dep = app["deployments"][0]
     dep["num_replicas"] = replicas
     dep["ray_actor_options"] = {
@@ -121,28 +119,3 @@ def plan_estimate(cfg: Mapping[str, Any], jobs: list[dict[str, Any]]) -> dict[st
         fitting += used <= cfg["max_time_s"]
     est = {k: round(v) for k, v in est.items()}
     return {**est, "jobs": job_s, "jobs_fitting": fitting, "total_s": round(used)}
-
-
-def start_mps(scratch: Path) -> str | None:
-    """An MPS daemon private to this run (its pipe and log under ``scratch``, in the env that
-    Ray's processes inherit); None when it started, else why not."""
-    os.environ["CUDA_MPS_PIPE_DIRECTORY"] = str(scratch / "mps-pipe")
-    os.environ["CUDA_MPS_LOG_DIRECTORY"] = str(scratch / "mps-log")
-    for var in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"):
-        Path(os.environ[var]).mkdir(parents=True, exist_ok=True)
-    try:
-        proc = subprocess.run(
-            ["nvidia-cuda-mps-control", "-d"], capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"nvidia-cuda-mps-control -d failed: {exc!r}"
-    return None if proc.returncode == 0 else f"MPS daemon exit {proc.returncode}: {proc.stderr}"
-
-
-def stop_mps() -> None:
-    try:
-        subprocess.run(
-            ["nvidia-cuda-mps-control"], input="quit\n", text=True, timeout=30, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log(f"MPS daemon did not quit: {exc!r}")

@@ -258,7 +258,7 @@ def test_monitor_samples_and_keeps_decisions(tmp_path: Path) -> None:
     assert mon.latest() == sample
     record = monitor.DecisionRecord("app/model", 3, 2, "up", "scale_up", "load", 7.0)
     mon.record_decision(record)
-    assert mon.snapshot() == (sample, {"app/model": record})
+    assert mon.snapshot() == (sample, {"app/model": record}, [])
 
 
 def test_monitor_reports_nvml_errors_as_data() -> None:

@@ -8,7 +8,7 @@ from serve_app.status import render_status
 
 GIB = 1 << 30
 HEADER = (
-    "REPLICA    APP                PID      GPU            BUDGET      FRAC   ALLOC       "
+    "REPLICA    APP                PID      GPU            BUDGET      ENFORCE  FRAC   ALLOC       "
     "RESERVED    PEAK        OVERHEAD    NVML        BATCH  OOMS  FREES "
 )
 REPLICA = {
@@ -17,6 +17,7 @@ REPLICA = {
     "pid": 4242,
     "gpu_uuid": "GPU-c0ffee00-0000-4000-8000-000000000001",
     "budget_bytes": 20 * GIB,
+    "enforcement": "torch",
     "torch_fraction": 0.2462,
     "allocated_bytes": GIB // 2,
     "reserved_bytes": GIB,
@@ -40,19 +41,19 @@ def test_replica_row_truncates_ids_formats_bytes_and_dashes_missing_values() -> 
     lines = render_status({"replicas": [REPLICA]}).split("\n")
     assert lines == [
         HEADER,
-        "abcdefghij all-MiniLM-L6-v2   4242     GPU-c0ffee00-0 20.00G      0.246  0.50G       "
-        "1.00G       1.50G       0.25G       -           32     0     3     ",
+        "abcdefghij all-MiniLM-L6-v2   4242     GPU-c0ffee00-0 20.00G      torch    0.246  "
+        "0.50G       1.00G       1.50G       0.25G       -           32     0     3     ",
     ]
 
 
 def test_cpu_replica_row() -> None:
-    cpu = {**REPLICA, "replica_id": "r1", "gpu_uuid": None, "budget_bytes": 0}
+    cpu = {**REPLICA, "replica_id": "r1", "gpu_uuid": None, "budget_bytes": 0, "enforcement": None}
     cpu.update(torch_fraction=0.0, allocated_bytes=0, reserved_bytes=0, peak_reserved_bytes=0)
     cpu.update(non_torch_overhead_bytes=0, max_batch_size=4, cache_frees=0)
     lines = render_status({"replicas": [cpu]}).split("\n")
     assert lines[1] == (
-        "r1         all-MiniLM-L6-v2   4242     -              0.00G       0.000  0.00G       "
-        "0.00G       0.00G       0.00G       -           4      0     0     "
+        "r1         all-MiniLM-L6-v2   4242     -              0.00G       -        0.000  "
+        "0.00G       0.00G       0.00G       0.00G       -           4      0     0     "
     )
 
 
@@ -94,4 +95,25 @@ def test_gpu_and_controller_lines() -> None:
         "gpu:4aaf9a0473a8 free 1.00 GiB < margin 2.00 GiB",
         "controller other/model: 3 -> 3 (hold_bad_reading): "
         "gpu:4aaf9a0473a8: free 86973087744 > total 85899345920 bytes",
+    ]
+
+
+def test_escape_lines() -> None:
+    esc = {
+        "replica_id": "abcdefghijkl",
+        "app": "all-MiniLM-L6-v2",
+        "pid": 4242,
+        "gpu_uuid": "GPU-1",
+        "budget_bytes": 20 * GIB,
+        "enforcement": "torch",
+        "nvml_process_bytes": 26 * GIB,
+        "over_bytes": 6 * GIB,
+        "active": True,
+    }
+    lines = render_status({"replicas": [REPLICA], "escapes": [esc, {**esc, "active": False}]})
+    assert lines.split("\n")[2:] == [
+        "ESCAPE: replica abcdefghijkl (all-MiniLM-L6-v2, pid 4242, enforcement torch) holds "
+        "26.00G on GPU GPU-1, 6.00G over its budget of 20.00G",
+        "escaped earlier: replica abcdefghijkl (all-MiniLM-L6-v2, pid 4242, enforcement torch) "
+        "holds 26.00G on GPU GPU-1, 6.00G over its budget of 20.00G",
     ]
