@@ -134,15 +134,30 @@ def _control(
 
 
 def daemon_answers(pipe_dir: str) -> bool:
-    """Whether an MPS control daemon answers at ``pipe_dir``: through its control program when
-    that is installed here, else by the control socket and PID file it leaves there."""
-    try:
-        return _control(pipe_dir, "get_server_list").returncode == 0
-    except FileNotFoundError:
-        pid_file = Path(pipe_dir) / "nvidia-cuda-mps-control.pid"
-        return (Path(pipe_dir) / "control").exists() and pid_file.exists()
-    except (OSError, subprocess.TimeoutExpired):
+    """Whether an MPS control daemon answers at ``pipe_dir``: its control socket is there and
+    the PID its PID file names is alive; where that PID cannot be seen (another PID namespace),
+    its control program is asked, a few times, since the daemon serves one control client at a
+    time (four replicas asking at once on the H200: one was turned away)."""
+    pipe = Path(pipe_dir)
+    pid_file = pipe / "nvidia-cuda-mps-control.pid"
+    if not (pipe / "control").exists() or not pid_file.exists():
         return False
+    try:
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, 0)
+        return True
+    except PermissionError:
+        return True  # alive, another user's
+    except (OSError, ValueError):
+        pass
+    for _ in range(5):
+        try:
+            if _control(pipe_dir, "get_server_list").returncode == 0:
+                return True
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        time.sleep(0.2)
+    return False
 
 
 @dataclass

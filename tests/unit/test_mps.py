@@ -230,3 +230,15 @@ def test_monitor_checks_watched_replicas_and_drops_exited_ones() -> None:
     assert mon.snapshot()[2] == found
     assert [e for e in mon.escapes() if isinstance(e, Escape)] == found
     assert set(mon._watched) == {me}
+
+
+def test_daemon_answers_by_its_socket_and_live_pid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert not mps.daemon_answers(str(tmp_path))  # nothing there
+    (tmp_path / "control").touch()
+    (tmp_path / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")
+    assert mps.daemon_answers(str(tmp_path))
+    (tmp_path / "nvidia-cuda-mps-control.pid").write_text("4194303\n")  # no such process
+    monkeypatch.setenv("PATH", "/nonexistent")  # and no control program to ask
+    assert not mps.daemon_answers(str(tmp_path))
