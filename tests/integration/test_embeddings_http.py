@@ -137,6 +137,9 @@ def test_unknown_route_and_method(emb: str) -> None:
     )
     assert resp.status_code == 404
     assert resp.json()["error"]["code"] == "route_not_served"
+    # The test-only fault hooks exist only where SERVE_APP_FAULT_HOOKS=1 (serve_app/faults.py).
+    resp = httpx.post(f"{emb}/v1/_faults", json={"kind": "raw_alloc", "bytes": 1 << 30})
+    assert resp.status_code == 404 and "error" in resp.json()
 
 
 def test_models_health_ready_openapi(emb: str) -> None:
@@ -147,6 +150,7 @@ def test_models_health_ready_openapi(emb: str) -> None:
     assert ready.status_code == 200 and ready.json()["ready"] is True
     spec = httpx.get(f"{emb}/openapi.json").json()
     assert "/v1/embeddings" in spec["paths"] and "/v1/memory" in spec["paths"]
+    assert not [p for p in spec["paths"] if "fault" in p]
 
 
 def test_concurrent_requests_are_batched(emb: str) -> None:
