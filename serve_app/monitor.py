@@ -121,14 +121,9 @@ class WatchedReplica:
 
 @dataclass(frozen=True)
 class Escape:
-    """A replica seen holding more GPU memory than its budget."""
+    """A watched replica seen holding more GPU memory than its budget."""
 
-    replica_id: str
-    app: str
-    pid: int
-    gpu_uuid: str
-    budget_bytes: int
-    enforcement: str
+    replica: WatchedReplica
     nvml_process_bytes: int
     peak_bytes: int
     first_seen_s: float
@@ -136,11 +131,16 @@ class Escape:
     active: bool
 
     @property
+    def pid(self) -> int:
+        return self.replica.pid
+
+    @property
     def over_bytes(self) -> int:
-        return self.nvml_process_bytes - self.budget_bytes
+        return self.nvml_process_bytes - self.replica.budget_bytes
 
     def to_json(self) -> dict[str, Any]:
-        doc = dict(self.__dict__)
+        doc = dataclasses.asdict(self.replica)
+        doc.update({k: v for k, v in self.__dict__.items() if k != "replica"})
         doc["over_bytes"] = self.over_bytes
         return doc
 
@@ -166,12 +166,7 @@ def find_escapes(
             continue
         before = previous.get(pid)
         out[pid] = Escape(
-            replica_id=rep.replica_id,
-            app=rep.app,
-            pid=pid,
-            gpu_uuid=rep.gpu_uuid,
-            budget_bytes=rep.budget_bytes,
-            enforcement=rep.enforcement,
+            replica=rep,
             nvml_process_bytes=used,
             peak_bytes=max(used, before.peak_bytes if before else used),
             first_seen_s=before.first_seen_s if before and before.active else now_s,
@@ -307,22 +302,23 @@ class GpuMonitor:
                 logger.warning(
                     "GPU memory escape: replica %s (%s, pid %d) holds %d bytes on GPU %s, %d "
                     "over its budget of %d bytes (enforcement %s: %s)",
-                    esc.replica_id,
-                    esc.app,
+                    esc.replica.replica_id,
+                    esc.replica.app,
                     pid,
                     esc.nvml_process_bytes,
-                    esc.gpu_uuid,
+                    esc.replica.gpu_uuid,
                     esc.over_bytes,
-                    esc.budget_bytes,
-                    esc.enforcement,
+                    esc.replica.budget_bytes,
+                    esc.replica.enforcement,
                     "memory allocated outside PyTorch's cap; enforcement: mps makes the driver "
                     "refuse it"
-                    if esc.enforcement == "torch"
+                    if esc.replica.enforcement == "torch"
                     else "over the driver's limit",
                 )
             elif was is not None and was.active and not esc.active:
                 logger.warning(
-                    "GPU memory escape over: replica %s is within its budget again", esc.replica_id
+                    "GPU memory escape over: replica %s is within its budget again",
+                    esc.replica.replica_id,
                 )
         self._export_escapes(escapes)
         return list(escapes.values())
@@ -345,7 +341,11 @@ class GpuMonitor:
             for esc in escapes.values():
                 self._escape_metrics.set(
                     float(esc.over_bytes if esc.active else 0),
-                    tags={"replica": esc.replica_id, "app": esc.app, "gpu": esc.gpu_uuid},
+                    tags={
+                        "replica": esc.replica.replica_id,
+                        "app": esc.replica.app,
+                        "gpu": esc.replica.gpu_uuid,
+                    },
                 )
 
     def escapes(self) -> list[Escape]:

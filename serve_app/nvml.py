@@ -267,32 +267,29 @@ class NvmlSource:
         # Not listed: no context on this GPU, or a PID namespace (containers) hides it.
         return None
 
-    def processes(self, uuid: str) -> dict[int, int] | NvmlError:
-        """Every process with a context on this GPU and its bytes (MPS clients included: NVML
-        lists them among the compute processes too, with their own bytes)."""
+    def _listing(self, uuid: str, name: str) -> list[Any] | NvmlError:
+        """One of NVML's process listings (``name``) of the GPU with this UUID."""
         nv = self._module()
         if isinstance(nv, NvmlError):
             return nv
         handle = _call(nv, "nvmlDeviceGetHandleByUUID", uuid)
         if isinstance(handle, NvmlError):
             return handle
-        procs = _call(nv, "nvmlDeviceGetComputeRunningProcesses", handle)
+        procs: list[Any] | NvmlError = _call(nv, name, handle)
+        return procs
+
+    def processes(self, uuid: str) -> dict[int, int] | NvmlError:
+        """Every process with a context on this GPU and its bytes (MPS clients included: NVML
+        lists them among the compute processes too, with their own bytes)."""
+        procs = self._listing(uuid, "nvmlDeviceGetComputeRunningProcesses")
         if isinstance(procs, NvmlError):
             return procs
         return {int(p.pid): int(getattr(p, "usedGpuMemory", None) or 0) for p in procs}
 
     def mps_client_pids(self, uuid: str) -> set[int] | NvmlError:
         """PIDs NVML lists as MPS clients of this GPU."""
-        nv = self._module()
-        if isinstance(nv, NvmlError):
-            return nv
-        handle = _call(nv, "nvmlDeviceGetHandleByUUID", uuid)
-        if isinstance(handle, NvmlError):
-            return handle
-        procs = _call(nv, "nvmlDeviceGetMPSComputeRunningProcesses", handle)
-        if isinstance(procs, NvmlError):
-            return procs
-        return {int(p.pid) for p in procs}
+        procs = self._listing(uuid, "nvmlDeviceGetMPSComputeRunningProcesses")
+        return procs if isinstance(procs, NvmlError) else {int(p.pid) for p in procs}
 
     def mps_blockers(self) -> list[str] | NvmlError:
         """Why MPS cannot run on this node's GPUs: none at all, MIG, a prohibited compute mode."""
