@@ -217,18 +217,29 @@ class NvmlSource:
             return handle
         return self._memory(nv, uuid, handle)
 
-    def all_devices(self) -> list[GpuMemory] | NvmlError:
+    def _handles(self) -> tuple[ModuleType, list[Any]] | NvmlError:
+        """The NVML module and every GPU's handle, in NVML's index order."""
         nv = self._module()
         if isinstance(nv, NvmlError):
             return nv
         count = _call(nv, "nvmlDeviceGetCount")
         if isinstance(count, NvmlError):
             return count
-        devices: list[GpuMemory] = []
+        handles = []
         for index in range(int(count)):  # enumeration only; results are keyed by UUID
             handle = _call(nv, "nvmlDeviceGetHandleByIndex", index)
             if isinstance(handle, NvmlError):
                 return handle
+            handles.append(handle)
+        return nv, handles
+
+    def all_devices(self) -> list[GpuMemory] | NvmlError:
+        got = self._handles()
+        if isinstance(got, NvmlError):
+            return got
+        nv, handles = got
+        devices: list[GpuMemory] = []
+        for handle in handles:
             uuid = _call(nv, "nvmlDeviceGetUUID", handle)
             if isinstance(uuid, NvmlError):
                 return uuid
@@ -293,19 +304,14 @@ class NvmlSource:
 
     def mps_blockers(self) -> list[str] | NvmlError:
         """Why MPS cannot run on this node's GPUs: none at all, MIG, a prohibited compute mode."""
-        nv = self._module()
-        if isinstance(nv, NvmlError):
-            return nv
-        count = _call(nv, "nvmlDeviceGetCount")
-        if isinstance(count, NvmlError):
-            return count
-        if int(count) == 0:
+        got = self._handles()
+        if isinstance(got, NvmlError):
+            return got
+        nv, handles = got
+        if not handles:
             return ["this node has no NVIDIA GPU"]
-        reasons = []
-        for index in range(int(count)):
-            handle = _call(nv, "nvmlDeviceGetHandleByIndex", index)
-            if isinstance(handle, NvmlError):
-                return handle
+        reasons: list[str] = []
+        for index, handle in enumerate(handles):
             mig = _call(nv, "nvmlDeviceGetMigMode", handle)
             if not isinstance(mig, NvmlError) and int(mig[0]) == 1:
                 reasons.append(
