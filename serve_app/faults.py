@@ -10,7 +10,10 @@ never in the OpenAPI document. The body is JSON:
   refused it (under MPS enforcement it must, past the replica's limit) and the CUDA result.
 - ``{"kind": "raw_free"}``: free every raw allocation.
 - ``{"kind": "device_assert"}``: a device-side assert on the model's device, in the thread
-  that runs batches, which poisons the process's CUDA context for good.
+  that runs batches, which poisons the process's CUDA context for good. The replica then ends
+  its process (poison.exit_if_sticky), so the hook's request gets no answer; only an error
+  that is not sticky (none expected) is answered, as ``error``. Send it to one replica's own
+  port, not through HAProxy, which would replay the unanswered request on a second replica.
 """
 
 from __future__ import annotations
