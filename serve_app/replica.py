@@ -16,7 +16,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from serve_app import env, faults, readiness
+from serve_app import env, faults, poison, readiness
 from serve_app.adapters import make_adapter
 from serve_app.auth import PROTECTED_PATHS, ApiKeys
 from serve_app.autoscale import replica_autoscaling_stats
@@ -193,9 +193,15 @@ class ModelServer:
             failed_sizes.append(failed_batch_size)
             self.partition.free_cache()
 
-        outputs = predict_with_oom_split(
-            items, self.adapter.predict, is_oom=is_torch_oom, on_oom=on_oom
-        )
+        try:
+            outputs = predict_with_oom_split(
+                items, self.adapter.predict, is_oom=is_torch_oom, on_oom=on_oom
+            )
+        except Exception as exc:
+            # A poisoned CUDA context: end the process here, in the predict thread, before the
+            # batch's requests are answered, so HAProxy replays them elsewhere (poison.py).
+            poison.exit_if_sticky(exc, "a batch", self.replica_id)
+            raise
         if failed_sizes and not any(isinstance(o, ItemTooLarge) for o in outputs):
             # The batch, not one oversized item, was too big: lower the cap for next time.
             # (An item too large on its own says nothing about the batch size, so the cap stays.)
@@ -278,6 +284,9 @@ class ModelServer:
             try:
                 await loop.run_in_executor(self._executor, faults.device_assert, device)
             except Exception as exc:  # noqa: BLE001 - the hook's whole point: report it
+                # Sticky (the normal case): the process ends here, the hook's request unanswered
+                # like a batch's would be. Anything else is reported.
+                poison.exit_if_sticky(exc, "the device_assert fault hook", self.replica_id)
                 out["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         return json_response(out, headers=self._served_by)
 
