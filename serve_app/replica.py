@@ -61,10 +61,16 @@ EMPTY_QUERY: dict[str, str] = {}
 # Ray's per-request access log line took about 15% of a loaded replica's event loop in the
 # profile (docs/benchmarks.md); it is off by default and a config turns it back on with
 # `logging_config: {enable_access_log: true}` on the deployment.
+# Serve's health check (check_health: a tiny GPU operation that raises once the CUDA context is
+# poisoned; it waits for the batch the GPU is running, a few seconds at most) every 5 s with a
+# 5 s timeout: three failures in a row, ~20 s after a replica hangs, and Serve replaces it
+# (force-stopped: launch.FORCE_STOP_UNHEALTHY_VAR). HAProxy takes it out of rotation sooner, on
+# its own check of /-/healthz (launch.HAPROXY_HEALTH_CHECK_DEFAULTS).
 @serve.deployment(
     name="model",
     max_ongoing_requests=512,
-    health_check_period_s=10.0,
+    health_check_period_s=5.0,
+    health_check_timeout_s=5.0,
     logging_config={"enable_access_log": False},
 )
 @serve.ingress()
