@@ -46,7 +46,7 @@ import httpx
 APP = "faults"
 BODY = {"input": [f"sentence {i} for the fault suite" for i in range(8)]}
 CLIENTS = 8
-MAX_REQUESTS_PER_CLIENT = 5000
+MAX_REQUESTS_PER_CLIENT = 100_000  # a bound only: the stop event ends each client
 CLIENT_TIMEOUT_S = 60.0
 WHOLE_TIMEOUT_S = 120.0
 # The suite's app: the queue is bounded small so that 3x overload meets the bound in seconds.
@@ -87,32 +87,49 @@ def tally(outcomes: list[tuple[int | str, str]]) -> tuple[int, int, dict[str, in
     return kinds["lost"], kinds["failed"], dict(statuses)
 
 
-class Load:
-    """CLIENTS threads posting BODY until stopped: (send time, seconds taken, status, type)."""
+Result = tuple[float, float, int | str, str, str]
 
-    def __init__(self, url: str):
+
+class Load:
+    """``clients`` threads posting BODY until stopped, each at most ``max_requests`` times:
+    (send time, seconds taken, status, content type, the replica that answered or "")."""
+
+    def __init__(
+        self, url: str, clients: int = CLIENTS, max_requests: int = MAX_REQUESTS_PER_CLIENT
+    ):
         self.url = url
+        self.max_requests = max_requests
         self.stop = threading.Event()
-        self.results: list[tuple[float, float, int | str, str]] = []
+        self.results: list[Result] = []
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run) for _ in range(CLIENTS)]
+        self._threads = [threading.Thread(target=self._run) for _ in range(clients)]
 
     def _run(self) -> None:
         with httpx.Client(timeout=CLIENT_TIMEOUT_S) as client:
-            for _ in range(MAX_REQUESTS_PER_CLIENT):
+            for _ in range(self.max_requests):
                 if self.stop.is_set():
                     return
                 t0 = time.monotonic()
                 try:
                     resp = client.post(self.url, json=BODY)
-                    out: tuple[int | str, str] = (
+                    out: tuple[int | str, str, str] = (
                         resp.status_code,
                         resp.headers.get("content-type", ""),
+                        resp.headers.get("x-serve-app-replica", ""),
                     )
                 except httpx.HTTPError as exc:
-                    out = (f"{type(exc).__name__}({exc})", "")
+                    out = (f"{type(exc).__name__}({exc})", "", "")
                 with self._lock:
                     self.results.append((t0, time.monotonic() - t0, *out))
+
+    def snapshot(self) -> list[Result]:
+        with self._lock:
+            return list(self.results)
+
+    def tally(self, results: list[Result] | None = None) -> tuple[int, int, dict[str, int]]:
+        """``tally`` of these results (all of them by default)."""
+        rows = self.snapshot() if results is None else results
+        return tally([(r[2], r[3]) for r in rows])
 
     def __enter__(self) -> Load:
         for t in self._threads:
@@ -132,55 +149,78 @@ class Load:
 class Target:
     base: str  # http://127.0.0.1:PORT/faults
     node_id: str
+    replicas: int = 2
 
     @property
     def url(self) -> str:
         return f"{self.base}/v1/embeddings"
 
 
-def start_cluster(replicas: int = 2) -> Target:
+def start_cluster(
+    replicas: int = 2,
+    args: dict[str, Any] | None = None,
+    actor_options: dict[str, Any] | None = None,
+    num_gpus: int = 0,
+    num_cpus: int = 8,
+    timeout_s: float = WHOLE_TIMEOUT_S,
+) -> Target:
+    """Ray and Serve on 127.0.0.1 (HAProxy, launch.start_ray's settings) and ``replicas`` of
+    the app; returns once every replica is UP in HAProxy."""
     from serve_app import launch
 
     launch.private_haproxy_ports()
     port = launch.free_port()
-    launch.start_ray(num_gpus=0, haproxy=True, num_cpus=8)
+    from serve_app.config import parse_args
+
+    app_args = parse_args(args or ARGS)
+    launch.start_ray(num_gpus, True, num_cpus, request_timeout_s=app_args.request_timeout_s)
     import ray
     from ray import serve
 
-    from serve_app.config import parse_args
     from serve_app.replica import ModelServer
 
     serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
     app = ModelServer.options(  # type: ignore[attr-defined]
-        num_replicas=replicas, ray_actor_options={"num_cpus": 0.5}
-    ).bind(parse_args(ARGS).model_dump())
+        num_replicas=replicas, ray_actor_options=actor_options or {"num_cpus": 0.5}
+    ).bind(app_args.model_dump())
     serve.run(app, name=APP, route_prefix=f"/{APP}")
-    target = Target(f"http://127.0.0.1:{port}/{APP}", ray.get_runtime_context().get_node_id())
-    launch.wait_ready(target.base, WHOLE_TIMEOUT_S)
-    wait_whole(target, replicas)
+    node_id = ray.get_runtime_context().get_node_id()
+    target = Target(f"http://127.0.0.1:{port}/{APP}", node_id, replicas)
+    launch.wait_ready(target.base, timeout_s)
+    wait_whole(target, timeout_s=timeout_s)
     return target
 
 
-def haproxy_up(target: Target) -> dict[str, str]:
-    """Replica id -> HAProxy status, for this app's replicas."""
+def haproxy_rows(target: Target) -> dict[str, dict[str, str]]:
+    """Replica id -> HAProxy's ``show stat`` row, for this app's replicas."""
     from serve_app.launch import haproxy_servers
 
     prefix = f"http-{APP}/SERVE_REPLICA_{APP}-model-"
     servers = haproxy_servers(target.node_id)
-    return {
-        name[len(prefix) :]: s["status"] for name, s in servers.items() if name.startswith(prefix)
-    }
+    return {name[len(prefix) :]: s for name, s in servers.items() if name.startswith(prefix)}
 
 
-def wait_whole(target: Target, replicas: int, timeout_s: float = WHOLE_TIMEOUT_S) -> float | None:
-    """Seconds until /readyz shows nothing degraded and HAProxy has ``replicas`` UP; None if
-    that did not happen within ``timeout_s``."""
+def haproxy_up(target: Target) -> dict[str, str]:
+    """Replica id -> HAProxy status, for this app's replicas."""
+    return {rid: row["status"] for rid, row in haproxy_rows(target).items()}
+
+
+def wait_whole(
+    target: Target,
+    replicas: int | None = None,
+    timeout_s: float = WHOLE_TIMEOUT_S,
+    exclude: frozenset[str] | set[str] = frozenset(),
+) -> float | None:
+    """Seconds until /readyz shows nothing degraded and HAProxy has ``replicas`` (default: the
+    target's) UP, not counting ``exclude`` (replicas known dead, which HAProxy may show UP for a
+    moment); None if that did not happen within ``timeout_s``."""
+    want = target.replicas if replicas is None else replicas
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         try:
             ready = httpx.get(f"{target.base}/readyz", timeout=10.0).json()
-            up = [s for s in haproxy_up(target).values() if s == "UP"]
-            if ready.get("ready") and not ready.get("degraded") and len(up) >= replicas:
+            up = [r for r, s in haproxy_up(target).items() if s == "UP" and r not in exclude]
+            if ready.get("ready") and not ready.get("degraded") and len(up) >= want:
                 return time.monotonic() - t0
         except (httpx.HTTPError, OSError, ValueError):
             pass
@@ -189,8 +229,78 @@ def wait_whole(target: Target, replicas: int, timeout_s: float = WHOLE_TIMEOUT_S
 
 
 def replica_pids(target: Target) -> dict[str, int]:
+    """Replica id -> pid, for the replicas that reported lately (a dead one may linger for
+    REPORT_MAX_AGE_S: check the pid before trusting it)."""
     report = httpx.get(f"{target.base}/v1/memory", timeout=30.0).json()["replicas"]
     return {r["replica_id"]: int(r["pid"]) for r in report}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RotationWatch:
+    """Polls HAProxy every 0.1 s in a thread: when ``victim`` first stops being UP (DOWN,
+    MAINT, or gone from the backend), in seconds after ``since``."""
+
+    def __init__(self, target: Target, victim: str, since: float):
+        self.target, self.victim, self.since = target, victim, since
+        self.out_s: float | None = None
+        self.states: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and self.out_s is None:
+            try:
+                status = haproxy_up(self.target).get(self.victim, "gone")
+            except OSError:
+                status = None
+            if status is not None:
+                if not self.states or self.states[-1] != status:
+                    self.states.append(status)
+                if not status.startswith("UP"):
+                    self.out_s = round(time.monotonic() - self.since, 2)
+            self._stop.wait(0.1)
+
+    def __enter__(self) -> RotationWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10.0)
+
+
+def split_by_replica(results: list[Result], victim: str) -> dict[str, Any]:
+    """The victim's answers and everyone else's: neighbours' errors are what a fault must not
+    cause (a request with no answer has no replica: counted apart, as ``unattributed``)."""
+    mine = [r for r in results if r[4] == victim]
+    others = [r for r in results if r[4] and r[4] != victim]
+    none = [r for r in results if not r[4]]
+    n_lost, n_failed, _ = tally([(r[2], r[3]) for r in others])
+    u_lost, u_failed, u_statuses = tally([(r[2], r[3]) for r in none])
+    return {
+        "victim_answers": len(mine),
+        "neighbour_answers": len(others),
+        "neighbour_lost": n_lost,
+        "neighbour_failed": n_failed,
+        "unattributed": len(none),
+        "unattributed_statuses": u_statuses,
+    }
+
+
+def reliability_env() -> dict[str, str | None]:
+    """The reliability settings this run had (launch.reliability_env's names)."""
+    from serve_app import launch
+
+    return {name: os.environ.get(name) for name in launch.reliability_env(0.0)}
 
 
 # ---- faults under load ---------------------------------------------------------------------
@@ -203,8 +313,8 @@ def sigkill(target: Target, after_s: float = 4.0) -> Row:
         fault_at = time.monotonic()
         os.kill(pid, signal.SIGKILL)
         time.sleep(after_s)
-    recovery = wait_whole(target, 2)
-    lost, failed, statuses = tally([(s, ct) for _, _, s, ct in load.results])
+    recovery = wait_whole(target, exclude={victim})
+    lost, failed, statuses = load.tally()
     return Row(
         "sigkill",
         len(load.results),
@@ -215,34 +325,57 @@ def sigkill(target: Target, after_s: float = 4.0) -> Row:
     )
 
 
+def freeze(pid: int, stop_s: float, fault_at: float) -> bool:
+    """SIGSTOP ``pid`` for at most ``stop_s``; SIGCONT it unless it died first (Serve replaced
+    it). Whether it was still alive at the end."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        while time.monotonic() - fault_at < stop_s and alive(pid):
+            time.sleep(0.1)
+    finally:
+        still = alive(pid)
+        if still:
+            os.kill(pid, signal.SIGCONT)
+    return still
+
+
 def sigstop(target: Target, stop_s: float) -> Row:
+    """One replica SIGSTOPped under load for ``stop_s`` (then SIGCONT, unless Serve replaced it
+    first). ``out_of_rotation_s``: from the stop until HAProxy has it not UP;
+    ``last_sent_to_victim_s``: the last request it answered was sent this long after the
+    stop (it answers them after SIGCONT)."""
     with Load(target.url) as load:
         time.sleep(2.0)
-        victim, pid = next(iter(replica_pids(target).items()))
+        victim, pid = next((r, p) for r, p in replica_pids(target).items() if alive(p))
         fault_at = time.monotonic()
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            time.sleep(stop_s)
-        finally:
-            os.kill(pid, signal.SIGCONT)
-        time.sleep(2.0)
-    recovery = wait_whole(target, 2)
-    stopped_until = fault_at + stop_s
+        with RotationWatch(target, victim, fault_at) as watch:
+            survived = freeze(pid, stop_s, fault_at)
+            ended_at = time.monotonic()
+            time.sleep(2.0)
+    recovery = wait_whole(target)
+    results = load.snapshot()
     # Every request the freeze could have held: sent before it ended, answered after it began.
-    during = [r for r in load.results if r[0] < stopped_until and r[0] + r[1] > fault_at]
-    lost, failed, statuses = tally([(s, ct) for _, _, s, ct in load.results])
+    during = [r for r in results if r[0] < ended_at and r[0] + r[1] > fault_at]
+    to_victim = [r[0] - fault_at for r in results if r[4] == victim and fault_at <= r[0] < ended_at]
+    lost, failed, statuses = load.tally(results)
     return Row(
         "sigstop",
-        len(load.results),
+        len(results),
         lost,
         failed,
         None if recovery is None else round(time.monotonic() - fault_at, 2),
         {
             "victim": victim,
-            "stopped_s": stop_s,
+            "stopped_s": round(ended_at - fault_at, 2),
+            "replaced_while_stopped": not survived,
+            "out_of_rotation_s": watch.out_s,
+            "haproxy_states": watch.states,
+            "last_sent_to_victim_s": round(max(to_victim), 2) if to_victim else None,
             "statuses": statuses,
             "requests_during_stop": len(during),
             "slowest_s": round(max((r[1] for r in during), default=0.0), 2),
+            "held_over_2s": sum(r[1] > 2.0 for r in during),  # the stopped replica's
+            **split_by_replica([r for r in results if r[0] >= fault_at], victim),
         },
     )
 
@@ -251,7 +384,7 @@ def capacity(target: Target, seconds: float = 4.0) -> float:
     """Requests/s the closed-loop load gets answered (200) now."""
     with Load(target.url) as load:
         time.sleep(seconds)
-    ok = [r for r in load.results if r[2] == 200]
+    ok = [r for r in load.snapshot() if r[2] == 200]
     return len(ok) / seconds
 
 
@@ -454,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
         "args": ARGS,
         "replicas": 2,
         "cpus": os.cpu_count(),
-        "haproxy_retry": launch.HAPROXY_RETRY_DEFAULTS,
+        "reliability_env": reliability_env(),
         "took_s": round(time.monotonic() - t0, 1),
         "rows": [asdict(r) for r in rows],
     }

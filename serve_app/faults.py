@@ -10,7 +10,11 @@ never in the OpenAPI document. The body is JSON:
   refused it (under MPS enforcement it must, past the replica's limit) and the CUDA result.
 - ``{"kind": "raw_free"}``: free every raw allocation.
 - ``{"kind": "device_assert"}``: a device-side assert on the model's device, in the thread
-  that runs batches, which poisons the process's CUDA context for good.
+  that runs batches, which poisons the process's CUDA context for good. The replica then ends
+  its process (poison.exit_if_sticky), so the hook's request gets no answer; only an error
+  that is not sticky (none expected) is answered, as ``error``. Send it to one replica's own
+  port, not through HAProxy, which would replay the unanswered request on a second replica.
+  On a CPU replica (the others need a GPU) it raises the same error as a simulation.
 """
 
 from __future__ import annotations
@@ -74,10 +78,17 @@ class RawAllocations:
             return sum(n for _, n in self.pointers)
 
 
+SIMULATED_ASSERT = "CUDA error: device-side assert triggered (simulated: a CPU replica)"
+
+
 def device_assert(device: Any) -> None:
-    """Index past a tensor's end on the GPU: a device-side assert, sticky for the context."""
+    """Index past a tensor's end on the GPU: a device-side assert, sticky for the context. On a
+    CPU replica, the error torch raises on a GPU is raised instead (a simulation, said in its
+    text), so that the replica's exit path runs in the CPU fault suite too."""
     import torch
 
+    if torch.device(device).type != "cuda":
+        raise torch.AcceleratorError(SIMULATED_ASSERT)
     x = torch.zeros(4, device=device)
     idx = torch.tensor([1 << 20], device=device)
     x[idx].sum().item()  # raises torch.AcceleratorError (device-side assert triggered)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import ipaddress
 import logging
+import math
 import os
 import random
 import shutil
@@ -168,6 +169,62 @@ HAPROXY_RETRY_DEFAULTS = {
     "RAY_SERVE_HAPROXY_RETRIES": "1",
 }
 
+# A hung replica (SIGSTOP, a wedged event loop, a lost node) must leave rotation fast. Ray 2.60
+# gives every replica server `check` with `inter 5s fall 2 rise 2 fastinter 250ms downinter
+# 250ms` (RAY_SERVE_HAPROXY_HEALTH_CHECK_*; GET /-/healthz, answered by the replica's event
+# loop) and `observe layer4 ... on-error mark-down`, which a stopped process never trips: the
+# kernel still accepts its connections. Ray sets no `timeout check`, so each check may take up
+# to `inter`. A replica stopped just after a passing check: the next check comes `inter` later
+# and times out after `inter`, a second one `fastinter` later after another `inter`: DOWN after
+# 3 x inter + fastinter at worst. Measured on 2 CPU replicas: 13.1 s with Ray's 5 s. With
+# `inter 2s` it is 6.25 s at worst; a working replica answers /-/healthz in milliseconds (the
+# event loop never runs a batch), would need two checks in a row over 2 s to be marked down,
+# and would be back UP 0.5 s later (rise 2 x downinter). Four replicas cost 2 checks/s.
+HAPROXY_HEALTH_CHECK_DEFAULTS = {"RAY_SERVE_HAPROXY_HEALTH_CHECK_INTER": "2s"}
+# Serve's controller force-stops (SIGKILLs) a replica that failed its health check instead of
+# draining it for graceful_shutdown_timeout_s (20 s): a replica that fails check_health is
+# hung or its CUDA context is poisoned, and would answer nothing useful while draining. Its
+# unanswered requests are replayed by HAProxy (empty-response).
+FORCE_STOP_UNHEALTHY_VAR = "RAY_SERVE_FORCE_STOP_UNHEALTHY_REPLICAS"
+# A request held by a hung replica: HAProxy gives up on it after `timeout server` (unset in
+# Ray: forever) and, with `retry-on response-timeout`, replays it on another replica. A replica
+# that works answers every request within its app's request_timeout_s (a 504 of its own at
+# worst: http.guarded), however slow a loaded GPU makes inference, so the timeout is that plus
+# a margin: shorter would replay, and so double, legitimate slow work under load.
+TIMEOUT_SERVER_VAR = "RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S"
+TIMEOUT_SERVER_MARGIN_S = 5
+
+
+def haproxy_timeout_server_s(request_timeout_s: float) -> str:
+    """HAProxy's ``timeout server`` for apps whose longest request_timeout_s is this, in whole
+    seconds as Ray reads it: the request timeout rounded up, plus TIMEOUT_SERVER_MARGIN_S."""
+    return str(math.ceil(request_timeout_s) + TIMEOUT_SERVER_MARGIN_S)
+
+
+def longest_request_timeout_s(doc: dict[str, Any]) -> float:
+    """The largest ``args.request_timeout_s`` of the config's applications (the default where
+    an application sets none)."""
+    from serve_app.config import AppArgs
+
+    default = float(AppArgs.model_fields["request_timeout_s"].default)
+    values = [
+        float((app.get("args") or {}).get("request_timeout_s", default))
+        for app in doc.get("applications") or []
+    ]
+    return max(values, default=default)
+
+
+def reliability_env(request_timeout_s: float) -> dict[str, str]:
+    """Every variable start_ray sets for HAProxy and Serve (retries, health checks, the force
+    stop, the server timeout) unless the user's environment already has it."""
+    return {
+        **HAPROXY_RETRY_DEFAULTS,
+        **HAPROXY_HEALTH_CHECK_DEFAULTS,
+        FORCE_STOP_UNHEALTHY_VAR: "1",
+        TIMEOUT_SERVER_VAR: haproxy_timeout_server_s(request_timeout_s),
+    }
+
+
 # HAProxy's side ports come from here: above Ray's worker ports (10002-19999), below Serve's
 # replica ports (30000 up) and the kernel's ephemeral range (32768 up). An ephemeral port that
 # was free a moment ago can be taken by any outgoing connection before HAProxy binds it (seen
@@ -210,9 +267,15 @@ def private_haproxy_ports() -> dict[str, str]:
     return ports
 
 
-def start_ray(num_gpus: int, haproxy: bool, num_cpus: int | None = None) -> None:
+def start_ray(
+    num_gpus: int,
+    haproxy: bool,
+    num_cpus: int | None = None,
+    request_timeout_s: float | None = None,
+) -> None:
     """A local Ray with every port on 127.0.0.1. Env vars are set first so that Serve's
-    controller and proxy processes inherit them."""
+    controller and proxy processes inherit them. ``request_timeout_s``: the longest of the
+    apps to be deployed (default: AppArgs' default), for HAProxy's server timeout."""
     import ray
 
     if haproxy:
@@ -222,7 +285,9 @@ def start_ray(num_gpus: int, haproxy: bool, num_cpus: int | None = None) -> None
     # reloads in well under a second, and a long drain makes Ctrl-C slow.
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
     os.environ.setdefault(SAME_THREAD_VAR, "0")
-    for name, value in HAPROXY_RETRY_DEFAULTS.items():
+    if request_timeout_s is None:
+        request_timeout_s = longest_request_timeout_s({})
+    for name, value in reliability_env(request_timeout_s).items():
         os.environ.setdefault(name, value)  # a user's own setting wins
     ray.init(
         address="local",
@@ -303,7 +368,7 @@ def run(doc: dict[str, Any], *, haproxy: bool = True, ready_timeout_s: float = 3
     mps_note = start_mps_if_needed(doc, gpus)
     if mps_note:
         notes.append(mps_note)
-    start_ray(gpus, haproxy)
+    start_ray(gpus, haproxy, request_timeout_s=longest_request_timeout_s(doc))
     deploy(doc)
     url = f"http://{host}:{port}"
     wait_ready(url, ready_timeout_s)

@@ -16,7 +16,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from serve_app import env, faults, readiness
+from serve_app import env, faults, poison, readiness
 from serve_app.adapters import make_adapter
 from serve_app.auth import PROTECTED_PATHS, ApiKeys
 from serve_app.autoscale import replica_autoscaling_stats
@@ -61,10 +61,16 @@ EMPTY_QUERY: dict[str, str] = {}
 # Ray's per-request access log line took about 15% of a loaded replica's event loop in the
 # profile (docs/benchmarks.md); it is off by default and a config turns it back on with
 # `logging_config: {enable_access_log: true}` on the deployment.
+# Serve's health check (check_health: a tiny GPU operation that raises once the CUDA context is
+# poisoned; it waits for the batch the GPU is running, a few seconds at most) every 5 s with a
+# 5 s timeout: three failures in a row, ~20 s after a replica hangs, and Serve replaces it
+# (force-stopped: launch.FORCE_STOP_UNHEALTHY_VAR). HAProxy takes it out of rotation sooner, on
+# its own check of /-/healthz (launch.HAPROXY_HEALTH_CHECK_DEFAULTS).
 @serve.deployment(
     name="model",
     max_ongoing_requests=512,
-    health_check_period_s=10.0,
+    health_check_period_s=5.0,
+    health_check_timeout_s=5.0,
     logging_config={"enable_access_log": False},
 )
 @serve.ingress()
@@ -193,9 +199,15 @@ class ModelServer:
             failed_sizes.append(failed_batch_size)
             self.partition.free_cache()
 
-        outputs = predict_with_oom_split(
-            items, self.adapter.predict, is_oom=is_torch_oom, on_oom=on_oom
-        )
+        try:
+            outputs = predict_with_oom_split(
+                items, self.adapter.predict, is_oom=is_torch_oom, on_oom=on_oom
+            )
+        except Exception as exc:
+            # A poisoned CUDA context: end the process here, in the predict thread, before the
+            # batch's requests are answered, so HAProxy replays them elsewhere (poison.py).
+            poison.exit_if_sticky(exc, "a batch", self.replica_id)
+            raise
         if failed_sizes and not any(isinstance(o, ItemTooLarge) for o in outputs):
             # The batch, not one oversized item, was too big: lower the cap for next time.
             # (An item too large on its own says nothing about the batch size, so the cap stays.)
@@ -266,8 +278,8 @@ class ModelServer:
             body = None
         kind, nbytes = faults.parse(body)
         device = self.partition.device
-        if not self.partition.on_gpu:
-            raise BadRequest("fault hooks need a replica on a GPU", param="kind")
+        if not self.partition.on_gpu and kind != "device_assert":  # simulated on a CPU
+            raise BadRequest(f"fault hook {kind} needs a replica on a GPU", param="kind")
         loop = asyncio.get_running_loop()
         out: dict[str, Any] = {"kind": kind, "pid": os.getpid(), "replica_id": self.replica_id}
         if kind == "raw_alloc":
@@ -278,6 +290,9 @@ class ModelServer:
             try:
                 await loop.run_in_executor(self._executor, faults.device_assert, device)
             except Exception as exc:  # noqa: BLE001 - the hook's whole point: report it
+                # Sticky (the normal case): the process ends here, the hook's request unanswered
+                # like a batch's would be. Anything else is reported.
+                poison.exit_if_sticky(exc, "the device_assert fault hook", self.replica_id)
                 out["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         return json_response(out, headers=self._served_by)
 

@@ -115,6 +115,11 @@ def test_haproxy_is_configured_to_retry_a_dead_replicas_requests(rel: str) -> No
     assert "option http-buffer-request" in lines, defaults
     assert f"retries {HAPROXY_RETRY_DEFAULTS['RAY_SERVE_HAPROXY_RETRIES']}" in lines, defaults
     assert "option redispatch 1" in lines, defaults
+    # The cluster's apps keep the default request_timeout_s (30 s): 5 s more for HAProxy.
+    assert "timeout server 35s" in lines, defaults
+    # A hung replica leaves rotation on HAProxy's own check, every 2 s (Ray's default: 5 s).
+    backend = cfg[cfg.index("\nbackend http-rel") :]
+    assert "inter 2s" in backend.split("default-server", 1)[1].splitlines()[0], backend[:800]
 
 
 def test_sigkill_of_a_replica_under_load_loses_no_request(rel: str) -> None:
@@ -131,7 +136,7 @@ def test_sigkill_of_a_replica_under_load_loses_no_request(rel: str) -> None:
         victim = next(r for r in report if r["replica_id"] in mine)
         killed_at = time.monotonic()
         os.kill(victim["pid"], signal.SIGKILL)
-        # Serve notices the death at its next health check of the replica (every 10 s), so
+        # Serve notices the death at its next health check of the replica (every 5 s), so
         # the load and the probes go on until /readyz has shown the deployment degraded.
         ready_answers: list[tuple[int, list[str]]] = []
         while time.monotonic() < killed_at + DEGRADED_TIMEOUT_S:
