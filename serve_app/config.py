@@ -49,6 +49,14 @@ class MemoryArgs(BaseModel):
     calibration_max_batch_size: int = Field(
         default=256, ge=1, le=65536, description="Largest batch calibration tries."
     )
+    calibration_cache_dir: str | None = Field(
+        default="auto",
+        max_length=4096,
+        description="Directory of the calibration cache: a replica whose model, input limits, "
+        "budget, GPU and versions match a stored calibration starts from it instead of "
+        "probing. auto: $XDG_CACHE_HOME/serve_app/calibration, else "
+        "~/.cache/serve_app/calibration; null or empty: no cache.",
+    )
     enforcement: Enforcement = Field(
         default="torch",
         description="What holds a replica to its budget. torch: PyTorch's allocator cap "

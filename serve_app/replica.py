@@ -16,7 +16,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from serve_app import env, faults, readiness
+from serve_app import calibcache, env, faults, readiness
 from serve_app.auth import PROTECTED_PATHS, ApiKeys
 from serve_app.autoscale import replica_autoscaling_stats
 from serve_app.batcher import Batcher
@@ -153,6 +153,9 @@ class ModelServer:
         return outputs
 
     def _lower_batch_cap(self, failed_batch_size: int) -> None:
+        entry, self._calibration_entry = self._calibration_entry, None
+        if entry is not None:  # the first OOM: the next start with this key measures again
+            calibcache.invalidate(entry, f"a batch of {failed_batch_size} ran out of memory")
         new_cap = lowered_batch_cap(self.batch_cap, failed_batch_size)
         if new_cap < self.batch_cap:
             logger.warning(
@@ -342,6 +345,7 @@ class ModelServer:
                 "pid": os.getpid(),
                 "node_id": ray.get_runtime_context().get_node_id(),
                 "calibrated_batch_size": calib.batch_size if calib else None,
+                "calibration_source": self.calibration_source,
                 "calibration_peak_bytes": calib.peak_bytes if calib else None,
                 "calibration_next_size": calib.first_failure_size if calib else None,
                 "calibration_next_outcome": calib.first_failure if calib else None,

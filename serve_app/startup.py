@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from serve_app import calibcache
 from serve_app.config import AppArgs
 from serve_app.errors import StartupError
 from serve_app.memory import format_bytes
@@ -141,8 +142,43 @@ def initial_batch_cap(
         logger.info("calibration off (memory.calibrate: false)")
         return configured or CPU_DEFAULT_BATCH, None, None, None
     limit = min(mem.calibration_max_batch_size, configured or mem.calibration_max_batch_size)
+    budget = partition.budget
+    assert budget is not None
+    entry = calibration_entry(args, adapter, partition, limit)
+    if entry is not None:
+        cached = calibcache.load(
+            entry, cap_bytes=budget.cap_bytes, overhead_bytes=budget.overhead_bytes, limit=limit
+        )
+        if cached is not None:
+            logger.info(
+                "calibration: batch %d from the cache (%s), peak %s of a %s cap",
+                cached.batch_size,
+                entry.path,
+                format_bytes(cached.peak_bytes),
+                format_bytes(budget.cap_bytes),
+            )
+            return cached.batch_size, cached, "cache", entry
     result = calibrate_batch_size(adapter, partition, limit)
-    return int(result.batch_size), result, "measured", None
+    if entry is not None:
+        calibcache.store(entry, result, budget.overhead_bytes)
+    return int(result.batch_size), result, "measured", entry
+
+
+def calibration_entry(
+    args: AppArgs, adapter: Any, partition: Partition, limit: int
+) -> calibcache.CacheEntry | None:
+    """This replica's calibration cache entry; None when the cache is off (or its key cannot
+    be built, which is logged: the replica then measures, as without a cache)."""
+    directory = calibcache.resolve_dir(args.memory.calibration_cache_dir)
+    if directory is None:
+        logger.info("calibration cache off (memory.calibration_cache_dir: null)")
+        return None
+    try:
+        key = calibcache.replica_key(args, adapter, partition, limit)
+    except Exception as exc:  # noqa: BLE001 - the cache is an optimisation, never a failure
+        logger.warning("calibration cache: no key for this replica (%r); measuring", exc)
+        return None
+    return calibcache.CacheEntry.at(directory, key)
 
 
 class PhaseTimer:
