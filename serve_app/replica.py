@@ -79,6 +79,7 @@ class ModelServer:
         self.warmup_s = started.warmup_s
         self.startup_phases_s = started.phases_s
         self._process_started_s = started.process_started_s
+        self.first_request_s: float | None = None  # process start to the first answer
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
         self._served_by = {"x-serve-app-replica": self.replica_id}
         self._api_keys = ApiKeys(env.api_keys())  # from the environment, never the config
@@ -257,7 +258,13 @@ class ModelServer:
                     f"({cap}) even on its own; send a smaller input",
                     param=f"input[{r.index}]",
                 )
-        return json_response(self.adapter.encode(results, decoded), headers=self._served_by)
+        response = json_response(self.adapter.encode(results, decoded), headers=self._served_by)
+        if self.first_request_s is None:
+            self.first_request_s = round(time.time() - self._process_started_s, 3)
+            logger.info(
+                "first request answered %.2f s after the process started", self.first_request_s
+            )
+        return response
 
     async def _not_served(self, request: Request) -> Response:
         path = request.scope["path"]
@@ -357,6 +364,7 @@ class ModelServer:
                 "batch_busy_s": round(self.batch_busy_s, 6),
                 "warmup_s": self.warmup_s,
                 "startup_phases_s": self.startup_phases_s,
+                "first_request_s": self.first_request_s,
                 "cuda_graphs": graphs["graphs"] if graphs else 0,
                 "cuda_graph_capture_s": graphs["capture_s"] if graphs else None,
                 "cuda_graph_pool_bytes": graphs["pool_bytes"] if graphs else None,
