@@ -258,3 +258,20 @@ def test_second_start_uses_the_cache_and_an_oom_invalidation_measures_again(
     off = parse_args({"memory": {"calibration_cache_dir": None}})
     cap, _, source, entry = start(off)
     assert (source, entry, len(measured)) == ("measured", None, 3)
+
+
+def test_the_replicas_first_oom_deletes_its_entry(tmp_path: Path) -> None:
+    from serve_app.replica import ModelServer
+
+    entry = _entry(tmp_path)
+    calibcache.store(entry, RESULT, OVERHEAD)
+    server: Any = object.__new__(ModelServer.func_or_class)  # type: ignore[attr-defined]
+    server.batch_cap = 64
+    server._batcher = SimpleNamespace(max_batch_size=64)
+    server._calibration_entry = entry
+    server._lower_batch_cap(64)
+    assert not entry.path.exists() and server._calibration_entry is None
+    assert server.batch_cap < 64 and server._batcher.max_batch_size == server.batch_cap
+    calibcache.store(entry, RESULT, OVERHEAD)  # rewritten by another replica: left alone
+    server._lower_batch_cap(server.batch_cap)
+    assert entry.path.exists()
