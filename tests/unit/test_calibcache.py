@@ -265,13 +265,12 @@ def test_the_replicas_first_oom_deletes_its_entry(tmp_path: Path) -> None:
 
     entry = _entry(tmp_path)
     calibcache.store(entry, RESULT, OVERHEAD)
-    server: Any = object.__new__(ModelServer.func_or_class)  # type: ignore[attr-defined]
-    server.batch_cap = 64
-    server._batcher = SimpleNamespace(max_batch_size=64)
+    lower = ModelServer.func_or_class._lower_batch_cap  # type: ignore[attr-defined]
+    server = SimpleNamespace(batch_cap=64, _batcher=SimpleNamespace(max_batch_size=64))
     server._calibration_entry = entry
-    server._lower_batch_cap(64)
+    lower(server, 64)
     assert not entry.path.exists() and server._calibration_entry is None
     assert server.batch_cap < 64 and server._batcher.max_batch_size == server.batch_cap
     calibcache.store(entry, RESULT, OVERHEAD)  # rewritten by another replica: left alone
-    server._lower_batch_cap(server.batch_cap)
+    lower(server, server.batch_cap)
     assert entry.path.exists()
