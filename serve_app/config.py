@@ -303,10 +303,13 @@ def _check_deployments(args: AppArgs, deployments: list[Any], where: str) -> lis
         if isinstance(policy, dict) and str(policy.get("policy_function", "")).startswith(
             "serve_app."
         ):
-            from serve_app.autoscale import validate_policy_kwargs
+            from serve_app.autoscale import reading_delay_errors, validate_policy_kwargs
 
             where_kwargs = f"{path}.autoscaling_config.policy.policy_kwargs"
-            for msg in validate_policy_kwargs(policy.get("policy_kwargs") or {}):
+            problems = validate_policy_kwargs(policy.get("policy_kwargs") or {})
+            if not problems:
+                problems = reading_delay_errors(dep.get("autoscaling_config") or {})
+            for msg in problems:
                 # Model-level problems already start with "policy_kwargs"; fields do not.
                 rest = (
                     msg.removeprefix("policy_kwargs")
