@@ -82,7 +82,7 @@ def replica_key(args: Any, adapter: Any, partition: Any, limit: int) -> dict[str
     import torch
 
     import serve_app
-    from serve_app.startup import graph_batch_limit
+    from serve_app.graphs import graph_batch_limit
 
     budget = partition.budget
     return build_key(

@@ -20,6 +20,7 @@ import torch
 from serve_app import calibcache
 from serve_app.config import AppArgs
 from serve_app.errors import StartupError
+from serve_app.graphs import graph_batch_limit
 from serve_app.memory import format_bytes
 from serve_app.partition import Partition
 
@@ -253,14 +254,6 @@ def warm_up(adapter: Any, partition: Partition, max_batch_size: int) -> float:
     elapsed_s = time.perf_counter() - t0
     logger.info("warm-up: %d batches in %.2f s", ran, elapsed_s)
     return elapsed_s
-
-
-def graph_batch_limit(args: AppArgs) -> int:
-    """The largest batch captured as a CUDA graph: ``cuda_graph_max_batch_size``, within
-    ``max_batch_size`` when that is set."""
-    return min(
-        args.cuda_graph_max_batch_size, args.max_batch_size or args.cuda_graph_max_batch_size
-    )
 
 
 def capture_graphs(adapter: Any, partition: Partition, max_batch_size: int) -> dict[str, Any]:
