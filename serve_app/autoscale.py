@@ -16,14 +16,15 @@ the monitor actor with a fire-and-forget ``.remote()``. Recommended deployment c
       target_ongoing_requests: 2
       upscale_delay_s: 0        # the policy's own cooldowns apply; Ray's delays would add to them
       downscale_delay_s: 0      # and would also delay shedding under memory pressure
-      look_back_period_s: 5     # replicas record stats every 0.2 x look_back_period_s
+      look_back_period_s: 5     # the load figure's window
       policy:
         policy_function: serve_app.autoscale:HeadroomPolicy
         policy_kwargs: {safety_margin_bytes: 2147483648, upscale_cooldown_s: 30,
                         downscale_cooldown_s: 300, max_reading_age_s: 30}
 
-and ``autoscaling_config.metrics_interval_s: 1`` (Ray 2.60 pushes replica stats at that interval,
-10 s by default) so readings reach the controller well within ``max_reading_age_s``.
+and ``autoscaling_config.metrics_interval_s: 0.25`` (Ray 2.60 pushes replica stats at that
+interval, 10 s by default, and records them at most that far apart) so that a reading reaches the
+policy within 0.6 s (``reading_delay_s``; docs/controller.md).
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ __all__ = [
     "gpu_metric_name",
     "headroom_policy",
     "inputs_from_context",
+    "reading_delay_s",
+    "reading_delay_errors",
     "replica_autoscaling_stats",
     "stats_from_readings",
     "validate_policy_kwargs",
@@ -160,6 +163,45 @@ async def replica_autoscaling_stats(
 # ---------------------------------------------------------------------------------------------
 # Controller side
 # ---------------------------------------------------------------------------------------------
+
+
+# Ray Serve 2.60's figures (ray/serve/config.py, ray/serve/_private/constants.py, replica.py):
+# the replica records a metrics point every min(look_back_period_s x 0.2, metrics_interval_s)
+# and pushes its points to the controller every metrics_interval_s (default 10 s; look-back
+# default 30 s); the controller runs every autoscaling policy once per control loop (0.1 s).
+RAY_DEFAULT_METRICS_INTERVAL_S = 10.0
+RAY_DEFAULT_LOOK_BACK_PERIOD_S = 30.0
+RAY_RECORD_INTERVAL_FACTOR = 0.2  # RAY_SERVE_AUTOSCALING_METRIC_RECORD_INTERVAL_FACTOR
+RAY_CONTROL_LOOP_INTERVAL_S = 0.1  # RAY_SERVE_CONTROL_LOOP_INTERVAL_S
+
+
+def reading_delay_s(autoscaling_config: Mapping[str, Any]) -> float:
+    """The longest wait, in seconds, from a node monitor's NVML reading to the policy deciding
+    on it (RPC times aside): the replica's next record, its next push, one control loop."""
+    push_s = float(autoscaling_config.get("metrics_interval_s") or RAY_DEFAULT_METRICS_INTERVAL_S)
+    look_back_s = float(
+        autoscaling_config.get("look_back_period_s") or RAY_DEFAULT_LOOK_BACK_PERIOD_S
+    )
+    record_s = min(look_back_s * RAY_RECORD_INTERVAL_FACTOR, push_s)
+    return record_s + push_s + RAY_CONTROL_LOOP_INTERVAL_S
+
+
+def reading_delay_errors(autoscaling_config: Mapping[str, Any]) -> list[str]:
+    """A ``max_reading_age_s`` that the newest reading can outgrow on its way (the monitor's
+    sample period plus ``reading_delay_s``), which would hold every decision as a bad reading."""
+    kwargs = (autoscaling_config.get("policy") or {}).get("policy_kwargs") or {}
+    max_age = kwargs.get("max_reading_age_s", ControllerConfig().max_reading_age_s)
+    if not isinstance(max_age, (int, float)):
+        return []
+    oldest = monitor.SAMPLE_PERIOD_S + reading_delay_s(autoscaling_config)
+    if max_age > oldest:
+        return []
+    return [
+        f"max_reading_age_s: {max_age:g} s is not above the age a reading can reach before "
+        f"the policy sees it ({oldest:.2f} s: the monitor's {monitor.SAMPLE_PERIOD_S:g} s "
+        "sample, the replica's record and push periods, one control loop), so every decision "
+        "would hold as a bad reading; raise it or lower autoscaling_config.metrics_interval_s"
+    ]
 
 
 def validate_policy_kwargs(raw: Mapping[str, Any]) -> list[str]:

@@ -49,6 +49,14 @@ class MemoryArgs(BaseModel):
     calibration_max_batch_size: int = Field(
         default=256, ge=1, le=65536, description="Largest batch calibration tries."
     )
+    calibration_cache_dir: str | None = Field(
+        default="auto",
+        max_length=4096,
+        description="Directory of the calibration cache: a replica whose model, input limits, "
+        "budget, GPU and versions match a stored calibration starts from it instead of "
+        "probing. auto: $XDG_CACHE_HOME/serve_app/calibration, else "
+        "~/.cache/serve_app/calibration; null or empty: no cache.",
+    )
     enforcement: Enforcement = Field(
         default="torch",
         description="What holds a replica to its budget. torch: PyTorch's allocator cap "
@@ -295,10 +303,13 @@ def _check_deployments(args: AppArgs, deployments: list[Any], where: str) -> lis
         if isinstance(policy, dict) and str(policy.get("policy_function", "")).startswith(
             "serve_app."
         ):
-            from serve_app.autoscale import validate_policy_kwargs
+            from serve_app.autoscale import reading_delay_errors, validate_policy_kwargs
 
             where_kwargs = f"{path}.autoscaling_config.policy.policy_kwargs"
-            for msg in validate_policy_kwargs(policy.get("policy_kwargs") or {}):
+            problems = validate_policy_kwargs(policy.get("policy_kwargs") or {})
+            if not problems:
+                problems = reading_delay_errors(dep.get("autoscaling_config") or {})
+            for msg in problems:
                 # Model-level problems already start with "policy_kwargs"; fields do not.
                 rest = (
                     msg.removeprefix("policy_kwargs")

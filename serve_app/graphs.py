@@ -23,9 +23,12 @@ import logging
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from serve_app.config import AppArgs
 
 logger = logging.getLogger("serve_app")
 
@@ -172,3 +175,11 @@ class GraphSet:
             "skipped_out_of_memory": len(self.skipped),
             "capture_s": round(self.capture_s, 3),
         }
+
+
+def graph_batch_limit(args: AppArgs) -> int:
+    """The largest batch captured as a CUDA graph: ``cuda_graph_max_batch_size``, within
+    ``max_batch_size`` when that is set."""
+    return min(
+        args.cuda_graph_max_batch_size, args.max_batch_size or args.cuda_graph_max_batch_size
+    )

@@ -16,8 +16,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from serve_app import env, faults, poison, readiness
-from serve_app.adapters import make_adapter
+from serve_app import calibcache, env, faults, poison, readiness
 from serve_app.auth import PROTECTED_PATHS, ApiKeys
 from serve_app.autoscale import replica_autoscaling_stats
 from serve_app.batcher import Batcher
@@ -28,7 +27,6 @@ from serve_app.errors import (
     ItemError,
     NotFound,
     Overloaded,
-    StartupError,
 )
 from serve_app.http import Ingress, error_response, guarded, json_response, read_body
 from serve_app.memory import format_bytes
@@ -36,19 +34,11 @@ from serve_app.metrics import ReplicaMetrics
 from serve_app.monitor import WatchedReplica, get_or_create_monitor
 from serve_app.oom import ItemTooLarge, is_torch_oom, lowered_batch_cap, predict_with_oom_split
 from serve_app.openapi import build_openapi
-from serve_app.partition import Partition
 from serve_app.registry import get_registry
-from serve_app.startup import (
-    PhaseTimer,
-    calibrate_batch_size,
-    capture_graphs,
-    graph_batch_limit,
-    warm_up,
-)
+from serve_app.startup import start_replica
 from serve_app.status import cluster_view
 
 logger = logging.getLogger("serve_app")
-CPU_DEFAULT_BATCH = 32
 REPORT_PERIOD_S = 1.0
 REPORT_MAX_AGE_S = 5.0
 
@@ -82,24 +72,23 @@ class ModelServer:
         ctx = serve.get_replica_context()
         self.replica_id = str(ctx.replica_id.unique_id) if ctx else f"local-{os.getpid()}"
         assigned = ray.get_runtime_context().get_assigned_resources()
-        phases = PhaseTimer()
-        with phases("partition"):  # CUDA context, its measurement, the cap
-            self.partition = Partition.start(self.args, float(assigned.get("GPU", 0.0)))
-        with phases("weights"):
-            self.adapter = make_adapter(self.args)
-            self._setup_adapter()
+        # Everything up to serving: partition (first: under MPS it must precede CUDA), weights,
+        # graphs, calibration, warm-up (startup.start_replica).
+        started = start_replica(self.args, float(assigned.get("GPU", 0.0)))
+        self.partition = started.partition
+        self.adapter = started.adapter
+        self.graph_info = started.graph_info
+        self.batch_cap = started.batch_cap
+        self.calibration: Any = started.calibration
+        self.calibration_source = started.calibration_source
+        self._calibration_entry = started.calibration_entry
+        self.warmup_s = started.warmup_s
+        self.startup_phases_s = started.phases_s
+        self._process_started_s = started.process_started_s
+        self.first_request_s: float | None = None  # process start to the first answer
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
         self._served_by = {"x-serve-app-replica": self.replica_id}
         self._api_keys = ApiKeys(env.api_keys())  # from the environment, never the config
-        self.calibration: Any = None
-        # Graphs first: their memory pool stays, so calibration must measure beside it.
-        with phases("graph_capture"):
-            self.graph_info = self._capture_graphs()
-        with phases("calibration"):
-            self.batch_cap = self._initial_batch_cap()
-        with phases("warmup"):
-            self.warmup_s = self._warm_up()
-        self.startup_phases_s = phases.done()
         self._batcher: Batcher[Any, Any] = Batcher(
             self._run_batch,
             self._executor,
@@ -145,49 +134,6 @@ class ModelServer:
             )
         )
 
-    def _setup_adapter(self) -> None:
-        try:
-            self.adapter.setup(self.partition.device)
-        except Exception as exc:
-            budget = self.partition.budget
-            if budget is None or not is_torch_oom(exc):
-                raise
-            del exc  # the traceback pins the half-loaded weights
-            raise StartupError(
-                f"model {self.args.model_name!r} does not fit in this replica's GPU memory cap "
-                f"of {format_bytes(budget.cap_bytes)} ({format_bytes(budget.overhead_bytes)} of "
-                "it is the CUDA context): loading its weights ran out of memory. Raise "
-                "memory_fraction or ray_actor_options.num_gpus in the deploy config, or use a "
-                "smaller model or dtype"
-            ) from None
-
-    def _initial_batch_cap(self) -> int:
-        configured = self.args.max_batch_size
-        if not self.partition.on_gpu:
-            logger.info("calibration skipped: the device is a CPU")
-            return configured or CPU_DEFAULT_BATCH
-        mem = self.args.memory
-        if not mem.calibrate:
-            logger.info("calibration off (memory.calibrate: false)")
-            return configured or CPU_DEFAULT_BATCH
-        limit = min(mem.calibration_max_batch_size, configured or mem.calibration_max_batch_size)
-        self.calibration = calibrate_batch_size(self.adapter, self.partition, limit)
-        return int(self.calibration.batch_size)
-
-    def _warm_up(self) -> float | None:
-        """The adapter's warm-up batches on the GPU (startup.warm_up); seconds taken, or None
-        when skipped (a CPU, or ``warmup: false``)."""
-        if not (self.partition.on_gpu and self.args.warmup):
-            return None
-        return warm_up(self.adapter, self.partition, self.batch_cap)
-
-    def _capture_graphs(self) -> dict[str, Any] | None:
-        """CUDA graphs of the forward pass (startup.capture_graphs); what was captured, or
-        None when skipped (a CPU, or ``cuda_graphs: false``)."""
-        if not (self.partition.on_gpu and self.args.cuda_graphs):
-            return None
-        return capture_graphs(self.adapter, self.partition, graph_batch_limit(self.args))
-
     # ---- batching -------------------------------------------------------------------------
 
     def _run_batch(self, items: list[Any]) -> list[Any]:
@@ -220,6 +166,9 @@ class ModelServer:
         return outputs
 
     def _lower_batch_cap(self, failed_batch_size: int) -> None:
+        entry, self._calibration_entry = self._calibration_entry, None
+        if entry is not None:  # the first OOM: the next start with this key measures again
+            calibcache.invalidate(entry, f"a batch of {failed_batch_size} ran out of memory")
         new_cap = lowered_batch_cap(self.batch_cap, failed_batch_size)
         if new_cap < self.batch_cap:
             logger.warning(
@@ -324,7 +273,13 @@ class ModelServer:
                     f"({cap}) even on its own; send a smaller input",
                     param=f"input[{r.index}]",
                 )
-        return json_response(self.adapter.encode(results, decoded), headers=self._served_by)
+        response = json_response(self.adapter.encode(results, decoded), headers=self._served_by)
+        if self.first_request_s is None:
+            self.first_request_s = round(time.time() - self._process_started_s, 3)
+            logger.info(
+                "first request answered %.2f s after the process started", self.first_request_s
+            )
+        return response
 
     async def _not_served(self, request: Request) -> Response:
         path = request.scope["path"]
@@ -412,6 +367,7 @@ class ModelServer:
                 "pid": os.getpid(),
                 "node_id": ray.get_runtime_context().get_node_id(),
                 "calibrated_batch_size": calib.batch_size if calib else None,
+                "calibration_source": self.calibration_source,
                 "calibration_peak_bytes": calib.peak_bytes if calib else None,
                 "calibration_next_size": calib.first_failure_size if calib else None,
                 "calibration_next_outcome": calib.first_failure if calib else None,
@@ -423,6 +379,7 @@ class ModelServer:
                 "batch_busy_s": round(self.batch_busy_s, 6),
                 "warmup_s": self.warmup_s,
                 "startup_phases_s": self.startup_phases_s,
+                "first_request_s": self.first_request_s,
                 "cuda_graphs": graphs["graphs"] if graphs else 0,
                 "cuda_graph_capture_s": graphs["capture_s"] if graphs else None,
                 "cuda_graph_pool_bytes": graphs["pool_bytes"] if graphs else None,

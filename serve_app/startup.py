@@ -1,7 +1,8 @@
-"""The start-up steps that run the model on the GPU, in the order the replica takes them:
-CUDA graphs (their pool stays, so they come first), batch-size calibration beside them, then
-warm-up batches of the shapes traffic brings. Each runs batches under the replica's cap
-(``Partition``) through ``run_fits``, which reports an out-of-memory batch instead of raising.
+"""A replica's start-up, one sequence of named, timed phases (``start_replica``): the partition
+(device, CUDA context, memory cap), the weights, CUDA graphs (their pool stays, so they come
+first), batch-size calibration beside them, then warm-up batches of the shapes traffic brings.
+The GPU phases run batches under the replica's cap (``Partition``) through ``run_fits``, which
+reports an out-of-memory batch instead of raising. The replica only serves what it returns.
 """
 
 from __future__ import annotations
@@ -11,16 +12,174 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from serve_app import calibcache
 from serve_app.config import AppArgs
 from serve_app.errors import StartupError
+from serve_app.graphs import graph_batch_limit
 from serve_app.memory import format_bytes
 from serve_app.partition import Partition
 
 logger = logging.getLogger("serve_app")
+CPU_DEFAULT_BATCH = 32
+PHASES = ("partition", "weights", "graph_capture", "calibration", "warmup")
+
+
+@dataclass
+class Started:
+    """What a replica serves with, as ``start_replica`` left it.
+
+    Attributes:
+        partition: the device and, on a GPU, the budget and cap.
+        adapter: the model, weights loaded (and graphs captured, when they were).
+        graph_info: what ``capture_graphs`` captured, or None when skipped.
+        batch_cap: the largest batch to run.
+        calibration: the calibration result (measured or from the cache), or None.
+        calibration_source: ``"measured"``, ``"cache"``, or None without calibration.
+        calibration_entry: the cache entry the result came from or went to (to invalidate
+            it on the first out-of-memory batch), or None.
+        warmup_s: seconds of warm-up, or None when skipped.
+        phases_s: seconds of each phase of ``PHASES``, with ``process`` and ``total``.
+        process_started_s: the process's start (epoch seconds).
+    """
+
+    partition: Partition
+    adapter: Any
+    graph_info: dict[str, Any] | None
+    batch_cap: int
+    calibration: Any
+    calibration_source: str | None
+    calibration_entry: Any
+    warmup_s: float | None
+    phases_s: dict[str, float]
+    process_started_s: float
+
+
+def start_replica(args: AppArgs, num_gpus: float) -> Started:
+    """Start a replica: each phase of ``PHASES`` in turn, timed; what it serves with.
+
+    Raises:
+        StartupError: a phase cannot complete (the message names the setting to change).
+    """
+    from serve_app.adapters import make_adapter
+
+    phases = PhaseTimer()
+    # The partition comes first, before anything that could touch CUDA: under MPS enforcement
+    # it sets the replica's driver limit in the environment, which the driver reads once, when
+    # CUDA initialises (mps.py); CUDA initialised earlier would run the replica without it.
+    with phases("partition"):  # CUDA context, its measurement, the cap
+        partition = Partition.start(args, num_gpus)
+    with phases("weights"):
+        adapter = make_adapter(args)
+        load_weights(adapter, partition)
+    # Graphs first: their memory pool stays, so calibration must measure beside it.
+    with phases("graph_capture"):
+        graph_info = None
+        if partition.on_gpu and args.cuda_graphs:
+            graph_info = capture_graphs(adapter, partition, graph_batch_limit(args))
+    with phases("calibration"):
+        batch_cap, calibration, source, entry = initial_batch_cap(args, adapter, partition)
+    with phases("warmup"):
+        warmup_s = None
+        if partition.on_gpu and args.warmup:
+            warmup_s = warm_up(adapter, partition, batch_cap)
+    return Started(
+        partition=partition,
+        adapter=adapter,
+        graph_info=graph_info,
+        batch_cap=batch_cap,
+        calibration=calibration,
+        calibration_source=source,
+        calibration_entry=entry,
+        warmup_s=warmup_s,
+        phases_s=phases.done(),
+        process_started_s=phases.process_started_s,
+    )
+
+
+def load_weights(adapter: Any, partition: Partition) -> None:
+    """Load the adapter's weights onto the partition's device.
+
+    Raises:
+        StartupError: on a GPU, the weights do not fit under the replica's cap.
+    """
+    from serve_app.oom import is_torch_oom
+
+    try:
+        adapter.setup(partition.device)
+    except Exception as exc:
+        budget = partition.budget
+        if budget is None or not is_torch_oom(exc):
+            raise
+        del exc  # the traceback pins the half-loaded weights
+        raise StartupError(
+            f"model {adapter.args.model_name!r} does not fit in this replica's GPU memory cap "
+            f"of {format_bytes(budget.cap_bytes)} ({format_bytes(budget.overhead_bytes)} of "
+            "it is the CUDA context): loading its weights ran out of memory. Raise "
+            "memory_fraction or ray_actor_options.num_gpus in the deploy config, or use a "
+            "smaller model or dtype"
+        ) from None
+
+
+def initial_batch_cap(
+    args: AppArgs, adapter: Any, partition: Partition
+) -> tuple[int, Any, str | None, Any]:
+    """The batch cap to start serving with: calibrated on a GPU (from the calibration cache
+    when it holds a valid entry for this replica's key), else ``max_batch_size`` or 32.
+
+    Returns ``(batch_cap, calibration result or None, "cache" | "measured" | None, the cache
+    entry or None)``.
+    """
+    configured = args.max_batch_size
+    if not partition.on_gpu:
+        logger.info("calibration skipped: the device is a CPU")
+        return configured or CPU_DEFAULT_BATCH, None, None, None
+    mem = args.memory
+    if not mem.calibrate:
+        logger.info("calibration off (memory.calibrate: false)")
+        return configured or CPU_DEFAULT_BATCH, None, None, None
+    limit = min(mem.calibration_max_batch_size, configured or mem.calibration_max_batch_size)
+    budget = partition.budget
+    assert budget is not None
+    entry = calibration_entry(args, adapter, partition, limit)
+    if entry is not None:
+        cached = calibcache.load(
+            entry, cap_bytes=budget.cap_bytes, overhead_bytes=budget.overhead_bytes, limit=limit
+        )
+        if cached is not None:
+            logger.info(
+                "calibration: batch %d from the cache (%s), peak %s of a %s cap",
+                cached.batch_size,
+                entry.path,
+                format_bytes(cached.peak_bytes),
+                format_bytes(budget.cap_bytes),
+            )
+            return cached.batch_size, cached, "cache", entry
+    result = calibrate_batch_size(adapter, partition, limit)
+    if entry is not None:
+        calibcache.store(entry, result, budget.overhead_bytes)
+    return int(result.batch_size), result, "measured", entry
+
+
+def calibration_entry(
+    args: AppArgs, adapter: Any, partition: Partition, limit: int
+) -> calibcache.CacheEntry | None:
+    """This replica's calibration cache entry; None when the cache is off (or its key cannot
+    be built, which is logged: the replica then measures, as without a cache)."""
+    directory = calibcache.resolve_dir(args.memory.calibration_cache_dir)
+    if directory is None:
+        logger.info("calibration cache off (memory.calibration_cache_dir: null)")
+        return None
+    try:
+        key = calibcache.replica_key(args, adapter, partition, limit)
+    except Exception as exc:  # noqa: BLE001 - the cache is an optimisation, never a failure
+        logger.warning("calibration cache: no key for this replica (%r); measuring", exc)
+        return None
+    return calibcache.CacheEntry.at(directory, key)
 
 
 class PhaseTimer:
@@ -30,8 +189,9 @@ class PhaseTimer:
     def __init__(self) -> None:
         import psutil
 
-        created_s = psutil.Process(os.getpid()).create_time()
-        self.phases_s: dict[str, float] = {"process": round(time.time() - created_s, 3)}
+        self.process_started_s = psutil.Process(os.getpid()).create_time()
+        since = round(time.time() - self.process_started_s, 3)
+        self.phases_s: dict[str, float] = {"process": since}
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -94,14 +254,6 @@ def warm_up(adapter: Any, partition: Partition, max_batch_size: int) -> float:
     elapsed_s = time.perf_counter() - t0
     logger.info("warm-up: %d batches in %.2f s", ran, elapsed_s)
     return elapsed_s
-
-
-def graph_batch_limit(args: AppArgs) -> int:
-    """The largest batch captured as a CUDA graph: ``cuda_graph_max_batch_size``, within
-    ``max_batch_size`` when that is set."""
-    return min(
-        args.cuda_graph_max_batch_size, args.max_batch_size or args.cuda_graph_max_batch_size
-    )
 
 
 def capture_graphs(adapter: Any, partition: Partition, max_batch_size: int) -> dict[str, Any]:

@@ -40,13 +40,38 @@ def _cell(key: str, value: Any) -> str:
     return str(value)
 
 
+def startup_line(rep: dict[str, Any]) -> str | None:
+    """A replica's start-up phases in seconds, in order (``process``: Ray's worker start-up and
+    the imports), the calibration's source, and when the first request was answered."""
+    phases = rep.get("startup_phases_s")
+    if not isinstance(phases, dict) or not phases:
+        return None
+    parts = []
+    for name, seconds in phases.items():
+        part = f"{name} {float(seconds):.2f}"
+        if name == "calibration" and rep.get("calibration_source"):
+            part += f" ({rep['calibration_source']})"
+        parts.append(part)
+    first = rep.get("first_request_s")
+    first_text = "none yet" if first is None else f"{float(first):.2f}"
+    return (
+        f"start-up {_cell('replica_id', rep.get('replica_id'))} (s): {', '.join(parts)}; "
+        f"first request {first_text}"
+    )
+
+
 def render_status(doc: dict[str, Any]) -> str:
-    """The replica table, then one line per GPU and the controller's last decisions."""
+    """The replica table, each replica's start-up phases, then one line per GPU and the
+    controller's last decisions."""
     lines = [" ".join(title.ljust(width) for title, _, width in COLUMNS)]
     for rep in doc.get("replicas", []):
         lines.append(" ".join(_cell(key, rep.get(key)).ljust(width) for _, key, width in COLUMNS))
     if not doc.get("replicas"):
         lines.append("(no replica has reported yet)")
+    for rep in doc.get("replicas", []):
+        line = startup_line(rep)
+        if line:
+            lines.append(line)
     for gpu in doc.get("gpus", []) or []:
         lines.append(
             f"GPU {gpu.get('uuid')}: total {_cell('total_bytes', gpu.get('total_bytes'))}, "

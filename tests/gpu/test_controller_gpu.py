@@ -80,7 +80,7 @@ AUTOSCALING = {
     "target_ongoing_requests": 2,
     "upscale_delay_s": 0,
     "downscale_delay_s": 0,
-    "metrics_interval_s": 1,  # Ray 2.60's replica metrics push period (default 10 s)
+    "metrics_interval_s": 0.25,  # Ray 2.60's replica metrics push period (default 10 s)
     "look_back_period_s": 2,
     "policy": {
         "policy_function": "serve_app.autoscale:HeadroomPolicy",

@@ -280,3 +280,38 @@ def test_reservation_settles_when_replicas_run_and_then_expires() -> None:
     later.current_time = NOW + 16  # past max_reading_age_s + max_clock_skew_s
     policy(later)
     assert "app/a" not in autoscale._LEDGER.entries
+
+
+def test_reading_delay_follows_rays_record_and_push_periods() -> None:
+    from serve_app.autoscale import reading_delay_s
+
+    # Ray's defaults: record every min(30 x 0.2, 10) = 6 s, push every 10 s, loop 0.1 s.
+    assert reading_delay_s({}) == pytest.approx(16.1)
+    # record min(5 x 0.2, 1) = 1, push 1: the settings before the 1 s shed target.
+    assert reading_delay_s({"metrics_interval_s": 1, "look_back_period_s": 5}) == (
+        pytest.approx(2.1)
+    )
+    # configs/controller.yaml: record min(1.0, 0.25), push 0.25 -> within 1 s of a reading.
+    fast = {"metrics_interval_s": 0.25, "look_back_period_s": 5}
+    assert reading_delay_s(fast) == pytest.approx(0.6)
+    assert reading_delay_s({"metrics_interval_s": 1, "look_back_period_s": 2}) == (
+        pytest.approx(1.5)  # record every 0.4 s
+    )
+
+
+def test_a_max_reading_age_the_readings_outgrow_is_an_error() -> None:
+    from serve_app.autoscale import reading_delay_errors
+
+    def config(max_age: float | None, push: float) -> dict[str, Any]:
+        kwargs = {} if max_age is None else {"max_reading_age_s": max_age}
+        return {
+            "metrics_interval_s": push,
+            "look_back_period_s": 5,
+            "policy": {"policy_kwargs": kwargs},
+        }
+
+    assert reading_delay_errors(config(None, 1)) == []  # default 30 s
+    assert reading_delay_errors(config(2, 0.25)) == []  # 1 + 0.6 = 1.6 s at most
+    (msg,) = reading_delay_errors(config(2, 1))  # 1 + 2.1 = 3.1 s
+    assert msg.startswith("max_reading_age_s: 2 s is not above") and "3.10 s" in msg
+    assert reading_delay_errors({"metrics_interval_s": 10}) == []  # 17.1 s < 30 s

@@ -95,3 +95,18 @@ def test_policies_outside_serve_app_are_not_checked_here() -> None:
     policy["policy_function"] = "ray.serve.autoscaling_policy:default_autoscaling_policy"
     policy["policy_kwargs"] = {"anything": 1}
     assert check_deploy_config(doc) == []
+
+
+def test_shipped_config_decides_within_1_s_of_a_reading() -> None:
+    from serve_app.autoscale import reading_delay_s
+
+    auto = controller_doc()["applications"][0]["deployments"][0]["autoscaling_config"]
+    assert reading_delay_s(auto) <= 1.0
+
+
+def test_a_max_reading_age_that_readings_outgrow_is_reported() -> None:
+    doc = controller_doc()
+    doc["applications"][0]["deployments"][0]["autoscaling_config"]["metrics_interval_s"] = 2
+    policy_kwargs(doc)["max_reading_age_s"] = 3
+    (msg,) = check_deploy_config(doc)
+    assert msg.startswith(f"{KWARGS_PATH}.max_reading_age_s: 3 s is not above the age")

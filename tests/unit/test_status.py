@@ -117,3 +117,25 @@ def test_escape_lines() -> None:
         "escaped earlier: replica abcdefghijkl (all-MiniLM-L6-v2, pid 4242, enforcement torch) "
         "holds 26.00G on GPU GPU-1, 6.00G over its budget of 20.00G",
     ]
+
+
+def test_start_up_lines_follow_the_table() -> None:
+    phases = {
+        "process": 3.1,
+        "partition": 0.8,
+        "weights": 1.25,
+        "graph_capture": 2.0,
+        "calibration": 0.01,
+        "warmup": 0.5,
+        "total": 7.66,
+    }
+    served = {**REPLICA, "startup_phases_s": phases, "calibration_source": "cache"}
+    served["first_request_s"] = 12.345
+    fresh = {**REPLICA, "replica_id": "r2", "startup_phases_s": {"process": 1.0, "total": 1.0}}
+    lines = render_status({"replicas": [served, fresh, REPLICA]}).split("\n")
+    assert len(lines) == 6
+    assert lines[4:] == [
+        "start-up abcdefghij (s): process 3.10, partition 0.80, weights 1.25, graph_capture 2.00, "
+        "calibration 0.01 (cache), warmup 0.50, total 7.66; first request 12.35",
+        "start-up r2 (s): process 1.00, total 1.00; first request none yet",
+    ]

@@ -1,0 +1,61 @@
+"""The start-up pipeline (startup.start_replica) on the CPU: every phase runs, in order, timed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from serve_app import startup
+from serve_app.config import parse_args
+
+
+def test_start_replica_on_the_cpu_runs_every_phase_in_order(monkeypatch) -> None:
+    calls: list[str] = []
+    real_partition = startup.Partition.start
+
+    def partition_start(args: Any, num_gpus: float) -> Any:
+        calls.append("partition")
+        return real_partition(args, num_gpus)
+
+    def load_weights(adapter: Any, partition: Any) -> None:
+        calls.append("weights")
+
+    monkeypatch.setattr(startup.Partition, "start", partition_start)
+    monkeypatch.setattr(startup, "load_weights", load_weights)
+    started = startup.start_replica(parse_args({"device": "cpu", "max_batch_size": 8}), 0.0)
+    assert calls == ["partition", "weights"]
+    assert list(started.phases_s) == ["process", *startup.PHASES, "total"]
+    assert all(v >= 0.0 for v in started.phases_s.values())
+    assert started.partition.device.type == "cpu"
+    assert started.batch_cap == 8
+    assert started.calibration is None and started.calibration_source is None
+    assert started.graph_info is None and started.warmup_s is None
+    assert started.process_started_s > 0
+
+
+def test_cpu_batch_cap_defaults_to_32() -> None:
+    part = startup.Partition.start(parse_args({"device": "cpu"}), 0.0)
+    cap, result, source, entry = startup.initial_batch_cap(parse_args({}), None, part)
+    assert (cap, result, source, entry) == (startup.CPU_DEFAULT_BATCH, None, None, None)
+
+
+def test_weights_that_do_not_fit_name_the_setting(monkeypatch) -> None:
+    import torch
+
+    class _Budget:
+        cap_bytes = 1 << 30
+        overhead_bytes = 1 << 28
+
+    class _Part:
+        device = "cuda:0"
+        budget = _Budget()
+
+    class _Adapter:
+        args = parse_args({})
+
+        def setup(self, device: Any) -> None:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    with pytest.raises(startup.StartupError, match="memory_fraction or ray_actor_options"):
+        startup.load_weights(_Adapter(), _Part())  # type: ignore[arg-type]
