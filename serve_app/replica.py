@@ -45,7 +45,7 @@ from serve_app.startup import (
     graph_batch_limit,
     warm_up,
 )
-from serve_app.status import cluster_view
+from serve_app.status import by_node_and_gpu, cluster_view, placement_groups
 
 logger = logging.getLogger("serve_app")
 CPU_DEFAULT_BATCH = 32
@@ -336,12 +336,13 @@ class ModelServer:
 
     async def memory(self, request: Request) -> Response:
         await self._publish()  # the registry runs calls concurrently: ours must land first
-        reports = await self._registry.all.remote(REPORT_MAX_AGE_S)
+        reports = by_node_and_gpu(await self._registry.all.remote(REPORT_MAX_AGE_S))
         view = await asyncio.to_thread(cluster_view, reports)
         return json_response(
             {
                 "object": "memory_report",
                 "replicas": reports,
+                "placement": placement_groups(reports),
                 "gpus": view.gpus,
                 "controller": view.controller,
                 "escapes": view.escapes,
