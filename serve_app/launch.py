@@ -210,19 +210,29 @@ def private_haproxy_ports() -> dict[str, str]:
     return ports
 
 
+def cluster_env() -> dict[str, str]:
+    """The variables every Ray node serving serve_app needs in its environment, as
+    ``serve-app run`` sets them: the HAProxy ingress, its retry settings, and the replicas'
+    handlers on Serve's own loop. A cluster started another way (``ray start``, KubeRay:
+    deploy/kuberay/rayservice.yaml) sets these on every node before Ray starts."""
+    return {env.HA_PROXY_VAR: "1", SAME_THREAD_VAR: "0", **HAPROXY_RETRY_DEFAULTS}
+
+
 def start_ray(num_gpus: int, haproxy: bool, num_cpus: int | None = None) -> None:
     """A local Ray with every port on 127.0.0.1. Env vars are set first so that Serve's
     controller and proxy processes inherit them."""
     import ray
 
+    wanted = cluster_env()
     if haproxy:
-        os.environ[env.HA_PROXY_VAR] = "1"
+        os.environ[env.HA_PROXY_VAR] = wanted.pop(env.HA_PROXY_VAR)
+    else:
+        wanted.pop(env.HA_PROXY_VAR)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # HAProxy keeps a removed replica draining for 30 s by default; on one node its config
     # reloads in well under a second, and a long drain makes Ctrl-C slow.
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
-    os.environ.setdefault(SAME_THREAD_VAR, "0")
-    for name, value in HAPROXY_RETRY_DEFAULTS.items():
+    for name, value in wanted.items():
         os.environ.setdefault(name, value)  # a user's own setting wins
     ray.init(
         address="local",

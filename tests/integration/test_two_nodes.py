@@ -35,7 +35,6 @@ from typing import Any
 import httpx
 import pytest
 
-from serve_app import env as env_vars
 from serve_app import launch
 from tests.helpers import wait_http
 from tests.integration.test_controller import Load, wait_for
@@ -92,7 +91,6 @@ def serve_config(port: int) -> dict[str, Any]:
 DRIVER = """
 import json, sys
 import ray
-from serve_app import env as env_vars
 from serve_app import launch
 ray.init(address=sys.argv[1], namespace="serve_app", log_to_driver=False)
 launch.deploy(json.loads(sys.argv[2]))
@@ -118,10 +116,8 @@ def _node_env(tmp: Path, script: Path, side_ports: dict[str, str]) -> dict[str, 
             "SERVE_APP_FAKE_NVML": str(script),
             "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_AUTH_MODE": "disabled",
-            env_vars.HA_PROXY_VAR: "1",
-            launch.SAME_THREAD_VAR: "0",
+            **launch.cluster_env(),  # what serve-app run sets: HAProxy, its retries, ...
             "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
-            **launch.HAPROXY_RETRY_DEFAULTS,
             **side_ports,
         }
     )
