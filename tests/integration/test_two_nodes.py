@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 import pytest
 
+from serve_app import env as serve_env
 from serve_app import launch
 from tests.helpers import wait_http
 from tests.integration.test_controller import Load, wait_for
@@ -162,10 +163,11 @@ def _stop_group(proc: subprocess.Popen[bytes], known: list[int]) -> None:
     proc.wait(timeout=10)
 
 
-def _wait_nodes(cli: str, address: str, env: dict[str, str], want: int) -> None:
+def _wait_nodes(cli: str, address: str, env: dict[str, str], want: int) -> list[str]:
+    """The IDs of the alive nodes, once there are ``want`` of them."""
     probe = (
         "import ray,sys; ray.init(address=sys.argv[1], log_to_driver=False); "
-        "print(sum(1 for n in ray.nodes() if n['Alive']))"
+        "print(' '.join(n['NodeID'] for n in ray.nodes() if n['Alive']))"
     )
     deadline = time.monotonic() + START_TIMEOUT_S
     last = ""
@@ -178,10 +180,12 @@ def _wait_nodes(cli: str, address: str, env: dict[str, str], want: int) -> None:
             timeout=60,
         )
         last = (got.stdout + got.stderr)[-500:]
-        if got.returncode == 0 and got.stdout.strip().splitlines()[-1:] == [str(want)]:
-            return
+        ids = (got.stdout.strip().splitlines() or [""])[-1].split()
+        if got.returncode == 0 and len(ids) == want:
+            return ids
         time.sleep(1.0)
     pytest.fail(f"{want} Ray nodes not alive after {START_TIMEOUT_S:.0f} s: {last}")
+    return []
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +212,7 @@ def two_nodes() -> Iterator[TwoNodes]:
     )
     worker: subprocess.Popen[bytes] | None = None
     known: dict[int, list[int]] = {}
+    node_ids: list[str] = []
     try:
         _wait_nodes(cli, address, head_env, 1)
         worker = _start(
@@ -215,7 +220,7 @@ def two_nodes() -> Iterator[TwoNodes]:
             worker_env,
             tmp / "worker.log",
         )
-        _wait_nodes(cli, address, head_env, 2)
+        node_ids = _wait_nodes(cli, address, head_env, 2)
         started_s = time.monotonic() - t0
         deploy = subprocess.run(
             [sys.executable, "-c", DRIVER, address, json.dumps(serve_config(http_port))],
@@ -236,6 +241,9 @@ def two_nodes() -> Iterator[TwoNodes]:
             if proc is not None:
                 _stop_group(proc, known.get(proc.pid, []))
         shutil.rmtree(tmp, ignore_errors=True)
+        for node_id in node_ids:  # Serve's HAProxy leaves its per-node folder behind
+            folder = launch.haproxy_node_path(serve_env.haproxy_config_path(), node_id).parent
+            shutil.rmtree(folder, ignore_errors=True)
         print(f"two-node cluster up and torn down in {time.monotonic() - t0:.1f} s")
 
 
