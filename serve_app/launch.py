@@ -267,6 +267,21 @@ def private_haproxy_ports() -> dict[str, str]:
     return ports
 
 
+def cluster_env(request_timeout_s: float | None = None) -> dict[str, str]:
+    """The variables every Ray node serving serve_app needs in its environment, as
+    ``serve-app run`` sets them: the HAProxy ingress, its retry and health-check settings, and
+    the replicas' handlers on Serve's own loop. A cluster started another way (``ray start``,
+    KubeRay: deploy/kuberay/rayservice.yaml) sets these on every node before Ray starts.
+    ``request_timeout_s``: the longest of the apps (default: AppArgs' default)."""
+    if request_timeout_s is None:
+        request_timeout_s = longest_request_timeout_s({})
+    return {
+        env.HA_PROXY_VAR: "1",
+        SAME_THREAD_VAR: "0",
+        **reliability_env(request_timeout_s),
+    }
+
+
 def start_ray(
     num_gpus: int,
     haproxy: bool,
@@ -278,16 +293,16 @@ def start_ray(
     apps to be deployed (default: AppArgs' default), for HAProxy's server timeout."""
     import ray
 
+    wanted = cluster_env(request_timeout_s)
     if haproxy:
-        os.environ[env.HA_PROXY_VAR] = "1"
+        os.environ[env.HA_PROXY_VAR] = wanted.pop(env.HA_PROXY_VAR)
+    else:
+        wanted.pop(env.HA_PROXY_VAR)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # HAProxy keeps a removed replica draining for 30 s by default; on one node its config
     # reloads in well under a second, and a long drain makes Ctrl-C slow.
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
-    os.environ.setdefault(SAME_THREAD_VAR, "0")
-    if request_timeout_s is None:
-        request_timeout_s = longest_request_timeout_s({})
-    for name, value in reliability_env(request_timeout_s).items():
+    for name, value in wanted.items():
         os.environ.setdefault(name, value)  # a user's own setting wins
     ray.init(
         address="local",

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from serve_app import nvml
+from serve_app import env, nvml
 
 __all__ = [
     "MONITOR_NAMESPACE",
@@ -44,6 +44,7 @@ __all__ = [
     "gpu_label",
     "latest_readings",
     "monitor_name",
+    "node_devices",
     "sample_node",
     "status_snapshot",
 ]
@@ -203,6 +204,40 @@ def sample_node(
     return NodeReadings(node_id, gpus, None, now_s, ray_gpu_available, ray_gpu_at_s)
 
 
+def node_devices() -> list[nvml.GpuMemory] | nvml.NvmlError:
+    """The GPUs this node's Ray was given: those ``CUDA_VISIBLE_DEVICES`` names when it is set
+    and not empty (a Ray node per GPU, ``CUDA_VISIBLE_DEVICES=1 ray start --num-gpus 1``, whose
+    num_gpus=0 actors such as this monitor inherit the variable), else every GPU NVML sees.
+
+    NVML ignores ``CUDA_VISIBLE_DEVICES``: without this, each per-GPU node's monitor would report
+    every GPU of the host, and a deployment pinned to one GPU would wait for headroom on the
+    others. An empty value (Ray's old override for actors given no GPU) means "not set"."""
+    devices = nvml.all_devices()
+    visible = (env.get("CUDA_VISIBLE_DEVICES") or "").strip()
+    if isinstance(devices, nvml.NvmlError) or not visible:
+        return devices
+    out: list[nvml.GpuMemory] = []
+    for entry in (v.strip() for v in visible.split(",") if v.strip()):
+        got = _visible_entry(devices, entry)
+        if got is None:
+            return nvml.NvmlError(
+                nvml.NvmlErrorKind.NOT_FOUND,
+                f"CUDA_VISIBLE_DEVICES entry {entry!r} names no single GPU on this node",
+            )
+        if got not in out:
+            out.append(got)
+    return out
+
+
+def _visible_entry(devices: list[nvml.GpuMemory], entry: str) -> nvml.GpuMemory | None:
+    """One CUDA_VISIBLE_DEVICES entry (an index in NVML order, or a UUID or its prefix)."""
+    if entry.isdigit():
+        index = int(entry)
+        return devices[index] if index < len(devices) else None
+    matches = [d for d in devices if d.uuid.startswith(entry)]
+    return matches[0] if len(matches) == 1 else None
+
+
 def _ray_gpu_available() -> float | None:
     try:
         import ray
@@ -252,7 +287,7 @@ class GpuMonitor:
         if self._ray_gpu_at_s is None or now_s - self._ray_gpu_at_s >= self._ray_period_s:
             self._ray_gpu_value, self._ray_gpu_at_s = self._ray_gpu(), now_s
         reading = sample_node(
-            self._node_id, now_s, nvml.all_devices, self._ray_gpu_value, self._ray_gpu_at_s
+            self._node_id, now_s, node_devices, self._ray_gpu_value, self._ray_gpu_at_s
         )
         with self._lock:
             self._latest = reading
@@ -439,6 +474,17 @@ async def latest_readings(timeout_s: float = 1.0) -> NodeReadings | None:
         return None
 
 
+def _alive_nodes() -> set[str] | None:
+    """Node IDs the GCS reports alive, or ``None`` if it could not be asked."""
+    try:
+        import ray
+
+        return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    except Exception:  # noqa: BLE001 - then every monitor is asked, as before
+        logger.debug("ray.nodes() failed", exc_info=True)
+        return None
+
+
 def status_snapshot(timeout_s: float = 5.0) -> StatusSnapshot:
     """Every monitor's latest sample and the newest decision per deployment (for the CLI).
 
@@ -454,7 +500,14 @@ def status_snapshot(timeout_s: float = 5.0) -> StatusSnapshot:
     ]
     refs: list[Any] = []
     errors: list[str] = []
+    alive = _alive_nodes()
     for name in sorted(names):
+        node_id = name.removeprefix(MONITOR_PREFIX)
+        if alive is not None and node_id not in alive:
+            # A detached monitor pinned to a node that is gone never answers: say so at once
+            # instead of waiting out the timeout; its GPUs drop out of the report.
+            errors.append(f"node {node_id} is not alive: its GPUs are lost")
+            continue
         try:
             refs.append(ray.get_actor(name, namespace=MONITOR_NAMESPACE).snapshot.remote())
         except ValueError as exc:

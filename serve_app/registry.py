@@ -1,5 +1,10 @@
 """A tiny named actor where every replica posts its latest report, so that any replica can
-answer ``GET /v1/memory`` for all of them (Serve has no broadcast to replicas)."""
+answer ``GET /v1/memory`` for all of them (Serve has no broadcast to replicas).
+
+It lives on the head node (Ray's ``node:__internal_head__`` resource, as Ray Train's state actor
+does): placed on a worker, it died with that worker and every replica's ``/v1/memory`` failed
+from then on (seen in tests/integration/test_two_nodes.py). ``max_restarts=-1`` brings it back
+if its process dies; every replica posts again within ``REPORT_PERIOD_S``."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import ray
 
 NAME = "serve_app_registry"
 NAMESPACE = "serve_app"
+HEAD_NODE_RESOURCE = "node:__internal_head__"
 
 
 @ray.remote(num_cpus=0, max_concurrency=64)  # type: ignore[call-overload]
@@ -36,5 +42,10 @@ class Registry:
 def get_registry() -> Any:
     """The cluster's registry actor, created on first use."""
     return Registry.options(  # type: ignore[attr-defined]
-        name=NAME, namespace=NAMESPACE, lifetime="detached", get_if_exists=True
+        name=NAME,
+        namespace=NAMESPACE,
+        lifetime="detached",
+        get_if_exists=True,
+        max_restarts=-1,
+        resources={HEAD_NODE_RESOURCE: 0.001},
     ).remote()

@@ -36,7 +36,7 @@ from serve_app.oom import ItemTooLarge, is_torch_oom, lowered_batch_cap, predict
 from serve_app.openapi import build_openapi
 from serve_app.registry import get_registry
 from serve_app.startup import start_replica
-from serve_app.status import cluster_view
+from serve_app.status import by_node_and_gpu, cluster_view, placement_groups
 
 logger = logging.getLogger("serve_app")
 REPORT_PERIOD_S = 1.0
@@ -306,12 +306,13 @@ class ModelServer:
 
     async def memory(self, request: Request) -> Response:
         await self._publish()  # the registry runs calls concurrently: ours must land first
-        reports = await self._registry.all.remote(REPORT_MAX_AGE_S)
+        reports = by_node_and_gpu(await self._registry.all.remote(REPORT_MAX_AGE_S))
         view = await asyncio.to_thread(cluster_view, reports)
         return json_response(
             {
                 "object": "memory_report",
                 "replicas": reports,
+                "placement": placement_groups(reports),
                 "gpus": view.gpus,
                 "controller": view.controller,
                 "escapes": view.escapes,

@@ -60,21 +60,60 @@ def startup_line(rep: dict[str, Any]) -> str | None:
     )
 
 
+def placement_key(rep: dict[str, Any]) -> tuple[str, str]:
+    """Where a replica runs: (node ID, GPU UUID), "" for either when unknown or on the CPU."""
+    return str(rep.get("node_id") or ""), str(rep.get("gpu_uuid") or "")
+
+
+def by_node_and_gpu(replicas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Replicas grouped by node, then GPU (a stable sort: the order within a group stays)."""
+    return sorted(replicas, key=placement_key)
+
+
+def placement_groups(replicas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per (node, GPU) holding replicas: their IDs and the sum of their budgets."""
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for rep in by_node_and_gpu(replicas):
+        node, gpu = placement_key(rep)
+        group = groups.setdefault(
+            (node, gpu),
+            {"node_id": node or None, "gpu_uuid": gpu or None, "replica_ids": []},
+        )
+        group["replica_ids"].append(rep.get("replica_id"))
+        group["budgets_bytes"] = group.get("budgets_bytes", 0) + int(rep.get("budget_bytes") or 0)
+    return list(groups.values())
+
+
+def _heading(key: tuple[str, str]) -> str:
+    node, gpu = key
+    return f"node {node[:12] or '-'} GPU {gpu or '- (CPU)'}"
+
+
 def render_status(doc: dict[str, Any]) -> str:
     """The replica table, each replica's start-up phases, then one line per GPU and the
-    controller's last decisions."""
+    controller's last decisions.
+
+    Rows are grouped by node and GPU; when replicas sit on more than one (node, GPU), a heading
+    line (``node <id> GPU <uuid>``) opens each group. On one GPU the table is unchanged."""
     lines = [" ".join(title.ljust(width) for title, _, width in COLUMNS)]
-    for rep in doc.get("replicas", []):
+    replicas = by_node_and_gpu(list(doc.get("replicas") or []))
+    several = len({placement_key(r) for r in replicas}) > 1
+    last: tuple[str, str] | None = None
+    for rep in replicas:
+        if several and placement_key(rep) != last:
+            last = placement_key(rep)
+            lines.append(_heading(last))
         lines.append(" ".join(_cell(key, rep.get(key)).ljust(width) for _, key, width in COLUMNS))
-    if not doc.get("replicas"):
+    if not replicas:
         lines.append("(no replica has reported yet)")
-    for rep in doc.get("replicas", []):
+    for rep in replicas:
         line = startup_line(rep)
         if line:
             lines.append(line)
-    for gpu in doc.get("gpus", []) or []:
+    for gpu in doc.get("gpus", []) or []:  # cluster_view lists them by node
+        node = f" on node {str(gpu['node_id'])[:12]}" if gpu.get("node_id") else ""
         lines.append(
-            f"GPU {gpu.get('uuid')}: total {_cell('total_bytes', gpu.get('total_bytes'))}, "
+            f"GPU {gpu.get('uuid')}{node}: total {_cell('total_bytes', gpu.get('total_bytes'))}, "
             f"free {_cell('free_bytes', gpu.get('free_bytes'))}, sum of budgets "
             f"{_cell('budget_bytes', gpu.get('budgets_bytes'))}"
         )
@@ -128,7 +167,7 @@ def cluster_view(replicas: list[dict[str, Any]], timeout_s: float = 2.0) -> Clus
             "budgets_bytes": budgets.get(gpu.uuid, 0),
             "sampled_at_s": gpu.timestamp_s,
         }
-        for node in snap.nodes
+        for node in sorted(snap.nodes, key=lambda n: n.node_id)
         for gpu in node.gpus
     ]
     controller = {

@@ -139,3 +139,45 @@ def test_start_up_lines_follow_the_table() -> None:
         "calibration 0.01 (cache), warmup 0.50, total 7.66; first request 12.35",
         "start-up r2 (s): process 1.00, total 1.00; first request none yet",
     ]
+
+
+def test_replicas_on_two_gpus_are_grouped_under_a_heading_per_node_and_gpu() -> None:
+    def rep(rid: str, node: str, gpu: str | None) -> dict[str, Any]:
+        return {**REPLICA, "replica_id": rid, "node_id": node, "gpu_uuid": gpu}
+
+    doc: dict[str, Any] = {
+        "replicas": [
+            rep("r1", "node-b", "GPU-b"),
+            rep("r2", "node-a", "GPU-a"),
+            rep("r3", "node-b", "GPU-b"),
+            rep("r4", "node-a", None),
+        ],
+        "gpus": [
+            {"node_id": "node-a", "uuid": "GPU-a", "total_bytes": 80 * GIB, "free_bytes": GIB},
+        ],
+    }
+    lines = render_status(doc).split("\n")
+    assert [line[:10].strip() if line.startswith("r") else line for line in lines[1:]] == [
+        "node node-a GPU - (CPU)",
+        "r4",
+        "node node-a GPU GPU-a",
+        "r2",
+        "node node-b GPU GPU-b",
+        "r1",
+        "r3",
+        "GPU GPU-a on node node-a: total 80.00G, free 1.00G, sum of budgets -",
+    ]
+
+
+def test_placement_groups_sum_budgets_per_node_and_gpu() -> None:
+    from serve_app.status import placement_groups
+
+    reps = [
+        {"replica_id": "r1", "node_id": "n2", "gpu_uuid": "GPU-b", "budget_bytes": 3},
+        {"replica_id": "r2", "node_id": "n1", "gpu_uuid": "GPU-a", "budget_bytes": 5},
+        {"replica_id": "r3", "node_id": "n2", "gpu_uuid": "GPU-b", "budget_bytes": 4},
+    ]
+    assert placement_groups(reps) == [
+        {"node_id": "n1", "gpu_uuid": "GPU-a", "replica_ids": ["r2"], "budgets_bytes": 5},
+        {"node_id": "n2", "gpu_uuid": "GPU-b", "replica_ids": ["r1", "r3"], "budgets_bytes": 7},
+    ]

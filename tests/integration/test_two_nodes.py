@@ -1,0 +1,324 @@
+"""A real two-node Ray cluster on one host, on the CPU: a head and a worker, one logical GPU each.
+
+Both nodes are started with the ``ray`` CLI (``ray start --head`` / ``ray start --address``), each
+with its own scripted NVML (``SERVE_APP_FAKE_NVML``) naming one GPU, so a replica on the head
+reports GPU A and a replica on the worker GPU B ("logical-scripted" mode). One application with
+two replicas of ``num_gpus: 1`` must put one replica on each node. The test sends requests
+through the head's HAProxy ingress, sees both replicas (and both nodes) answer, then SIGKILLs the
+worker node's whole process group under load: the head keeps serving, the errors are counted
+(HAProxy's retry settings are launch.HAPROXY_RETRY_DEFAULTS), and ``/v1/memory`` stops listing
+GPU B once its node monitor is gone.
+
+Nothing here runs ``ray stop``: it stops every Ray process on the machine, other clusters
+included (the session cluster of the other integration tests, or another checkout's). The test
+ends the processes it started, by process group, and the HAProxy they started.
+
+The driver side (``ray.init`` + deploy) runs in a subprocess, so this pytest process, which may
+already hold the session cluster, never connects to the two-node cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from serve_app import env as serve_env
+from serve_app import launch
+from tests.helpers import wait_http
+from tests.integration.test_controller import Load, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+GIB = 1 << 30
+GPU_A = "GPU-aaaaaaaa-0000-4000-8000-00000000000a"  # the head's GPU
+GPU_B = "GPU-bbbbbbbb-0000-4000-8000-00000000000b"  # the worker's GPU
+TOTAL_BYTES = 80 * GIB
+START_TIMEOUT_S = 60.0
+DEPLOY_TIMEOUT_S = 120.0
+
+
+def ray_cli() -> str | None:
+    """The ``ray`` CLI of this interpreter's environment, else one on PATH."""
+    beside = Path(sys.executable).with_name("ray")
+    return str(beside) if beside.exists() else shutil.which("ray")
+
+
+pytestmark = pytest.mark.skipif(ray_cli() is None, reason="the `ray` CLI is not installed")
+
+
+def nvml_script(path: Path, uuid: str) -> Path:
+    doc = {"devices": {uuid: {"total_bytes": TOTAL_BYTES, "free_bytes": TOTAL_BYTES - GIB}}}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def serve_config(port: int) -> dict[str, Any]:
+    return {
+        "proxy_location": "HeadOnly",  # two proxies on one host would want the same port
+        "http_options": {"host": "127.0.0.1", "port": port},
+        "applications": [
+            {
+                "name": "two",
+                "route_prefix": "/",
+                "import_path": "serve_app.app:build_app",
+                "args": {"adapter": "embeddings", "max_batch_size": 4},
+                "deployments": [
+                    {
+                        "name": "model",
+                        "num_replicas": 2,
+                        # One whole logical GPU each: the only way both fit is one per node.
+                        "ray_actor_options": {"num_cpus": 0.5, "num_gpus": 1},
+                        "health_check_period_s": 1,
+                        "health_check_timeout_s": 5,
+                    }
+                ],
+            }
+        ],
+    }
+
+
+DRIVER = """
+import json, sys
+import ray
+from serve_app import launch
+ray.init(address=sys.argv[1], namespace="serve_app", log_to_driver=False)
+launch.deploy(json.loads(sys.argv[2]))
+"""
+
+
+@dataclass
+class TwoNodes:
+    base_url: str
+    gcs_address: str
+    env: dict[str, str]
+    head: subprocess.Popen[bytes]
+    worker: subprocess.Popen[bytes]
+    started: list[int] = field(default_factory=list)
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+
+def _node_env(tmp: Path, script: Path, side_ports: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+            "SERVE_APP_FAKE_NVML": str(script),
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_AUTH_MODE": "disabled",
+            **launch.cluster_env(),  # what serve-app run sets: HAProxy, its retries, ...
+            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
+            **side_ports,
+        }
+    )
+    return env
+
+
+def _descendants(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _kill(pids: list[int]) -> None:
+    import psutil
+
+    for pid in pids:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            continue
+
+
+def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def _stop_group(proc: subprocess.Popen[bytes], known: list[int]) -> None:
+    """SIGKILL a node's process group and every process it was seen to start (HAProxy and
+    Ray's workers may have left the group)."""
+    known = known + _descendants(proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    _kill(known)
+    proc.wait(timeout=10)
+
+
+def _wait_nodes(cli: str, address: str, env: dict[str, str], want: int) -> list[str]:
+    """The IDs of the alive nodes, once there are ``want`` of them."""
+    probe = (
+        "import ray,sys; ray.init(address=sys.argv[1], log_to_driver=False); "
+        "print(' '.join(n['NodeID'] for n in ray.nodes() if n['Alive']))"
+    )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    last = ""
+    while time.monotonic() < deadline:
+        got = subprocess.run(
+            [sys.executable, "-c", probe, address],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        last = (got.stdout + got.stderr)[-500:]
+        ids = (got.stdout.strip().splitlines() or [""])[-1].split()
+        if got.returncode == 0 and len(ids) == want:
+            return ids
+        time.sleep(1.0)
+    pytest.fail(f"{want} Ray nodes not alive after {START_TIMEOUT_S:.0f} s: {last}")
+    return []
+
+
+@pytest.fixture(scope="module")
+def two_nodes() -> Iterator[TwoNodes]:
+    cli = ray_cli()
+    assert cli is not None
+    # Short paths: Ray's Unix sockets live under the temp dir (108-byte limit).
+    tmp = Path(tempfile.mkdtemp(prefix="sa2n-", dir="/tmp"))
+    side_ports = launch.haproxy_side_ports()
+    head_env = _node_env(tmp, nvml_script(tmp / "nvml-a.json", GPU_A), side_ports)
+    worker_env = _node_env(tmp, nvml_script(tmp / "nvml-b.json", GPU_B), side_ports)
+    gcs_port, http_port = launch.free_port(), launch.free_port()
+    address = f"127.0.0.1:{gcs_port}"
+    common = ["--block", "--node-ip-address", "127.0.0.1", "--num-gpus", "1"]
+    common += ["--object-store-memory", str(200 * 1024 * 1024), "--disable-usage-stats"]
+    t0 = time.monotonic()
+    head = _start(
+        [cli, "start", "--head", "--port", str(gcs_port), "--num-cpus", "2"]
+        + ["--include-dashboard", "false", "--temp-dir", str(tmp / "ray")]
+        + ["--ray-client-server-port", str(launch.free_port())]
+        + common,
+        head_env,
+        tmp / "head.log",
+    )
+    worker: subprocess.Popen[bytes] | None = None
+    known: dict[int, list[int]] = {}
+    node_ids: list[str] = []
+    try:
+        _wait_nodes(cli, address, head_env, 1)
+        worker = _start(
+            [cli, "start", "--address", address, "--num-cpus", "1"] + common,
+            worker_env,
+            tmp / "worker.log",
+        )
+        node_ids = _wait_nodes(cli, address, head_env, 2)
+        started_s = time.monotonic() - t0
+        deploy = subprocess.run(
+            [sys.executable, "-c", DRIVER, address, json.dumps(serve_config(http_port))],
+            env=head_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert deploy.returncode == 0, deploy.stdout[-2000:] + deploy.stderr[-3000:]
+        base = f"http://127.0.0.1:{http_port}"
+        wait_http(f"{base}/readyz", DEPLOY_TIMEOUT_S)
+        nodes = TwoNodes(base, address, head_env, head, worker)
+        nodes.timings_s = {"start_nodes": started_s, "deployed": time.monotonic() - t0}
+        known = {head.pid: _descendants(head.pid), worker.pid: _descendants(worker.pid)}
+        yield nodes
+    finally:
+        for proc in (worker, head):
+            if proc is not None:
+                _stop_group(proc, known.get(proc.pid, []))
+        shutil.rmtree(tmp, ignore_errors=True)
+        for node_id in node_ids:  # Serve's HAProxy leaves its per-node folder behind
+            folder = launch.haproxy_node_path(serve_env.haproxy_config_path(), node_id).parent
+            shutil.rmtree(folder, ignore_errors=True)
+        print(f"two-node cluster up and torn down in {time.monotonic() - t0:.1f} s")
+
+
+def memory_doc(base: str) -> dict[str, Any]:
+    resp = httpx.get(f"{base}/v1/memory", timeout=15.0)
+    assert resp.status_code == 200, resp.text
+    doc: dict[str, Any] = resp.json()
+    return doc
+
+
+def test_replicas_on_both_nodes_answer_and_the_head_survives_the_worker(
+    two_nodes: TwoNodes,
+) -> None:
+    base = two_nodes.base_url
+    t0 = time.monotonic()
+    # Both replicas answer through the head's ingress, and each sits on its own node and GPU.
+    reps = wait_for(
+        "both replicas' memory reports",
+        lambda: memory_doc(base)["replicas"],
+        lambda r: len(r) == 2,
+        60.0,
+    )
+    by_gpu = {r["gpu_uuid"]: r for r in reps}
+    assert set(by_gpu) == {GPU_A, GPU_B}, reps
+    assert by_gpu[GPU_A]["node_id"] != by_gpu[GPU_B]["node_id"], reps
+    assert all(r["gpu_mode"] == "logical-scripted" for r in reps), reps
+    seen: set[str] = set()
+    with httpx.Client(timeout=30.0) as client:
+        deadline = time.monotonic() + 30.0
+        while len(seen) < 2 and time.monotonic() < deadline:
+            resp = client.post(f"{base}/v1/embeddings", json={"input": "hello"})
+            assert resp.status_code == 200, resp.text
+            seen.add(resp.headers["x-serve-app-replica"])
+    assert seen == {r["replica_id"] for r in reps}, (seen, reps)
+    doc = memory_doc(base)
+    gpus = {g["uuid"]: g for g in doc["gpus"]}
+    assert set(gpus) == {GPU_A, GPU_B}, doc["gpus"]
+    assert gpus[GPU_B]["node_id"] == by_gpu[GPU_B]["node_id"], doc["gpus"]
+    assert gpus[GPU_A]["budgets_bytes"] == TOTAL_BYTES, doc["gpus"]  # num_gpus 1 x total
+
+    # Kill the worker node under load; the head's replica keeps answering.
+    load = Load(f"{base}/v1/embeddings", threads=4, max_s=90.0).start()
+    try:
+        wait_for("some load served", load.ok, lambda n: n >= 20, 30.0)
+        before_kill = load.ok()
+        killed_at = time.monotonic()
+        _stop_group(two_nodes.worker, [])
+        after = wait_for(
+            "the head serving on after the kill", load.ok, lambda n: n >= before_kill + 50, 60.0
+        )
+        lost = wait_for(
+            "/v1/memory to drop the worker's GPU and its replica (reports live 5 s)",
+            lambda: memory_doc(base),
+            lambda d: (
+                GPU_B not in {g["uuid"] for g in d["gpus"]}
+                and GPU_B not in {r["gpu_uuid"] for r in d["replicas"]}
+            ),
+            60.0,
+        )
+        noticed_s = time.monotonic() - killed_at
+    finally:
+        load.stop()
+    failures = load.failures()
+    print(
+        f"two nodes: {two_nodes.timings_s}, served {after} requests, worker's GPU gone from "
+        f"/v1/memory {noticed_s:.1f} s after the kill, {len(failures)} failed: {failures[:5]}"
+        f", test body {time.monotonic() - t0:.1f} s; errors: {lost['errors']}"
+    )
+    assert [g["uuid"] for g in lost["gpus"]] == [GPU_A], lost["gpus"]
+    assert [r["gpu_uuid"] for r in lost["replicas"]] == [GPU_A], lost["replicas"]
+    # The worker's monitor is gone: once the GCS has marked the node dead (its health checks
+    # take a few seconds) the report says so by name; before that, the call to it fails.
+    worker_node = by_gpu[GPU_B]["node_id"]
+    named = f"node {worker_node} is not alive: its GPUs are lost"
+    assert any(e == named or e.startswith("monitor failed") for e in lost["errors"]), lost
+    # HAProxy retries a request whose replica vanished (empty-response / conn-failure) once.
+    # A node killed outright can still lose a request or two in flight; count, do not hide.
+    assert len(failures) <= 2, failures
