@@ -43,6 +43,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from serve_app.monitor import pid_alive
+
 APP = "faults"
 BODY = {"input": [f"sentence {i} for the fault suite" for i in range(8)]}
 CLIENTS = 8
@@ -235,16 +237,6 @@ def replica_pids(target: Target) -> dict[str, int]:
     return {r["replica_id"]: int(r["pid"]) for r in report}
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class RotationWatch:
     """Polls HAProxy every 0.1 s in a thread: when ``victim`` first stops being UP (DOWN,
     MAINT, or gone from the backend), in seconds after ``since``."""
@@ -330,10 +322,10 @@ def freeze(pid: int, stop_s: float, fault_at: float) -> bool:
     it). Whether it was still alive at the end."""
     os.kill(pid, signal.SIGSTOP)
     try:
-        while time.monotonic() - fault_at < stop_s and alive(pid):
+        while time.monotonic() - fault_at < stop_s and pid_alive(pid):
             time.sleep(0.1)
     finally:
-        still = alive(pid)
+        still = pid_alive(pid)
         if still:
             os.kill(pid, signal.SIGCONT)
     return still
@@ -346,7 +338,7 @@ def sigstop(target: Target, stop_s: float) -> Row:
     stop (it answers them after SIGCONT)."""
     with Load(target.url) as load:
         time.sleep(2.0)
-        victim, pid = next((r, p) for r, p in replica_pids(target).items() if alive(p))
+        victim, pid = next((r, p) for r, p in replica_pids(target).items() if pid_alive(p))
         fault_at = time.monotonic()
         with RotationWatch(target, victim, fault_at) as watch:
             survived = freeze(pid, stop_s, fault_at)
@@ -553,6 +545,15 @@ def hostile(base: str, max_body_bytes: int) -> list[Row]:
 FAULTS = ("sigkill", "sigstop", "overload", "hostile")
 
 
+def print_rows(rows: list[Row], fault_width: int) -> None:
+    """One line per fault: sent, lost, failed and recovery_s."""
+    for r in rows:
+        print(
+            f"{r.fault:{fault_width}s} sent {r.sent:6d} lost {r.lost:3d} failed {r.failed:5d} "
+            f"recovery_s {r.recovery_s}"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m load_tests.faults", description=__doc__.split("\n")[0]
@@ -592,11 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": [asdict(r) for r in rows],
     }
     a.out.write_text(json.dumps(doc, indent=2) + "\n")
-    for r in rows:
-        print(
-            f"{r.fault:42s} sent {r.sent:5d} lost {r.lost:3d} failed {r.failed:5d} "
-            f"recovery_s {r.recovery_s}"
-        )
+    print_rows(rows, fault_width=42)
     print(f"wrote {a.out}")
     return 0 if all(r.lost == 0 for r in rows) else 1
 

@@ -54,17 +54,18 @@ from load_tests.faults import (
     Load,
     Row,
     Target,
-    alive,
     first_ok,
     haproxy_rows,
     haproxy_up,
     overload,
+    print_rows,
     reliability_env,
     replica_pids,
     sigstop,
     start_cluster,
     wait_whole,
 )
+from serve_app.monitor import pid_alive
 
 # kill20 last: it takes whatever the budget has left, the others' actual time, not a reserve.
 FAULTS = ("poisoned", "sigstop", "hog", "overload", "kill20")
@@ -162,7 +163,7 @@ def pick_victim(target: Target, up: list[str], exclude: set[str]) -> tuple[str, 
         return None
     for rid in up:
         pid = pids.get(rid)
-        if rid not in exclude and pid is not None and alive(pid):
+        if rid not in exclude and pid is not None and pid_alive(pid):
             return rid, pid
     return None
 
@@ -278,9 +279,9 @@ def poisoned(target: Target, budget: Budget) -> Row:
             detail["hook_answer"] = {"status": resp.status_code, "body": resp.text[:300]}
         except httpx.HTTPError as exc:  # the expected outcome: closed with no answer
             detail["hook_answer"] = f"{type(exc).__name__}: no answer"
-        while alive(pid) and time.monotonic() < deadline:
+        while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        detail["exited_s"] = None if alive(pid) else round(time.monotonic() - fault_at, 2)
+        detail["exited_s"] = None if pid_alive(pid) else round(time.monotonic() - fault_at, 2)
         time.sleep(2.0)
     whole = wait_whole(target, timeout_s=max(0.0, deadline - time.monotonic()), exclude={rid})
     lost, failed, statuses = load.tally()
@@ -493,11 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         launch.shutdown()
     meta["took_s"] = round(time.monotonic() - t0, 1)
     write(a.out, meta, rows, complete=True)
-    for r in rows:
-        print(
-            f"{r.fault:12s} sent {r.sent:6d} lost {r.lost:3d} failed {r.failed:5d} "
-            f"recovery_s {r.recovery_s}"
-        )
+    print_rows(rows, fault_width=12)
     print(f"wrote {a.out} in {meta['took_s']} s")
     return 0 if all(r.lost == 0 for r in rows) else 1
 

@@ -44,6 +44,7 @@ __all__ = [
     "gpu_label",
     "latest_readings",
     "monitor_name",
+    "pid_alive",
     "node_devices",
     "sample_node",
     "status_snapshot",
@@ -318,7 +319,7 @@ class GpuMonitor:
         with self._lock:
             watched = dict(self._watched)
             previous = dict(self._escapes)
-        for pid in [p for p in watched if not _pid_alive(p)]:
+        for pid in [p for p in watched if not pid_alive(p)]:
             watched.pop(pid)
             with self._lock:
                 self._watched.pop(pid, None)
@@ -406,7 +407,8 @@ class GpuMonitor:
         self._stop.set()
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this PID exists on this node (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -208,14 +208,17 @@ class NvmlSource:
             reserved_bytes=int(getattr(info, "reserved", 0) or 0),
         )
 
-    def device_memory(self, uuid: str) -> GpuMemory | NvmlError:
+    def _handle(self, uuid: str) -> tuple[ModuleType, Any] | NvmlError:
+        """The NVML module and the handle of the GPU with this UUID."""
         nv = self._module()
         if isinstance(nv, NvmlError):
             return nv
         handle = _call(nv, "nvmlDeviceGetHandleByUUID", uuid)
-        if isinstance(handle, NvmlError):
-            return handle
-        return self._memory(nv, uuid, handle)
+        return handle if isinstance(handle, NvmlError) else (nv, handle)
+
+    def device_memory(self, uuid: str) -> GpuMemory | NvmlError:
+        got = self._handle(uuid)
+        return got if isinstance(got, NvmlError) else self._memory(got[0], uuid, got[1])
 
     def _handles(self) -> tuple[ModuleType, list[Any]] | NvmlError:
         """The NVML module and every GPU's handle, in NVML's index order."""
@@ -250,12 +253,10 @@ class NvmlSource:
         return devices
 
     def process_used_bytes(self, pid: int, uuid: str) -> int | None | NvmlError:
-        nv = self._module()
-        if isinstance(nv, NvmlError):
-            return nv
-        handle = _call(nv, "nvmlDeviceGetHandleByUUID", uuid)
-        if isinstance(handle, NvmlError):
-            return handle
+        got = self._handle(uuid)
+        if isinstance(got, NvmlError):
+            return got
+        nv, handle = got
         # Under MPS the clients are listed apart from ordinary compute processes.
         listings = (
             "nvmlDeviceGetComputeRunningProcesses",
@@ -280,13 +281,10 @@ class NvmlSource:
 
     def _listing(self, uuid: str, name: str) -> list[Any] | NvmlError:
         """One of NVML's process listings (``name``) of the GPU with this UUID."""
-        nv = self._module()
-        if isinstance(nv, NvmlError):
-            return nv
-        handle = _call(nv, "nvmlDeviceGetHandleByUUID", uuid)
-        if isinstance(handle, NvmlError):
-            return handle
-        procs: list[Any] | NvmlError = _call(nv, name, handle)
+        got = self._handle(uuid)
+        if isinstance(got, NvmlError):
+            return got
+        procs: list[Any] | NvmlError = _call(got[0], name, got[1])
         return procs
 
     def processes(self, uuid: str) -> dict[int, int] | NvmlError:
