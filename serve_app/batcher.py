@@ -14,11 +14,16 @@ that would pass it is refused at once with ``Overloaded``, before any model work
 request whose items are still all queued ``queue_deadline_s`` after it arrived is failed with
 ``Overloaded`` too (checked when a request arrives and when a batch forms). Both carry a
 Retry-After estimate: the queue's items over the model's measured items per second.
+
+``idle_work`` (optional) is work in small steps that must run on the model's executor between
+batches: the replica's CUDA graphs still to capture. A step runs whenever the queue is empty,
+and at least every ``IDLE_WORK_EVERY_S`` under load, so a request waits for at most one step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections import deque
@@ -27,6 +32,8 @@ from concurrent.futures import Executor
 from typing import Any, Generic, TypeVar
 
 from serve_app.errors import Overloaded
+
+logger = logging.getLogger("serve_app")
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -67,6 +74,8 @@ class Batcher(Generic[T, R]):
 
     # The smoothing of the measured drain rate (items per second of model time) per batch.
     RATE_SMOOTHING = 0.2
+    # Under load, a step of idle_work still runs at least this often.
+    IDLE_WORK_EVERY_S = 0.5
 
     def __init__(
         self,
@@ -76,6 +85,7 @@ class Batcher(Generic[T, R]):
         batch_wait_timeout_s: float,
         max_queued_items: int | None = None,
         queue_deadline_s: float | None = None,
+        idle_work: Callable[[], bool] | None = None,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -99,6 +109,8 @@ class Batcher(Generic[T, R]):
         self._wakeup: asyncio.Event | None = None
         self._wake_at = 1  # queued items that wake the worker: 1 when idle, max when filling
         self._worker: asyncio.Task[None] | None = None
+        self._idle_work = idle_work  # one step per call; returns whether steps remain
+        self._idle_work_at_s = time.monotonic()
 
     @property
     def queued(self) -> int:
@@ -221,6 +233,12 @@ class Batcher(Generic[T, R]):
         try:
             while True:
                 self._drop_gone()
+                if self._idle_work is not None and (
+                    not self._queue
+                    or time.monotonic() - self._idle_work_at_s >= self.IDLE_WORK_EVERY_S
+                ):
+                    await self._idle_step(loop)
+                    continue
                 if not self._queue:
                     await self._wait(1, None)
                     continue
@@ -241,6 +259,19 @@ class Batcher(Generic[T, R]):
             self._queue.clear()
             self._queued = 0
             raise
+
+    async def _idle_step(self, loop: asyncio.AbstractEventLoop) -> None:
+        """One step of ``idle_work`` on the executor; it is dropped when done or when it fails
+        (logged: what it had left is simply not done)."""
+        assert self._idle_work is not None
+        try:
+            more = await loop.run_in_executor(self._executor, self._idle_work)
+        except Exception:  # noqa: BLE001 - serving goes on without the rest of it
+            logger.exception("work between batches failed; the rest of it is dropped")
+            more = False
+        self._idle_work_at_s = time.monotonic()
+        if not more:
+            self._idle_work = None
 
     async def _run(
         self, loop: asyncio.AbstractEventLoop, batch: list[tuple[_Request, int]]

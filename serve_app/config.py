@@ -149,6 +149,14 @@ class AppArgs(BaseModel):
         le=4096,
         description="Largest batch run through a CUDA graph; larger batches run eagerly.",
     )
+    cuda_graph_startup_budget_s: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=600.0,
+        description="Seconds of CUDA graph capture start-up may spend (largest shapes first); "
+        "the shapes left are captured between batches once the replica serves, and run "
+        "eagerly until then. 0 captures every shape after the replica serves.",
+    )
     max_inputs_per_request: int = Field(default=128, ge=1, le=65536)
     max_input_tokens: int | None = Field(
         default=None,

@@ -14,6 +14,11 @@ change the batch's results. Shapes beyond the captured buckets run eagerly.
 
 All graphs share one memory pool, captured largest first, so that the pool holds about one
 forward pass's activations; it lives inside the replica's torch cap like any other allocation.
+
+Capture must not hold a replica back from serving: start-up captures for at most
+``cuda_graph_startup_budget_s`` (the largest shapes first, which size the pool), and the shapes
+left are captured one at a time on the model thread once the replica serves, between batches
+(``capture_next``, called by the batcher). Until its graph exists, a shape runs eagerly.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -90,14 +96,23 @@ class GraphSet:
         self._graphs: dict[Hashable, _Captured] = {}
         self._pool: Any = None
         self.capture_s = 0.0
+        self.pool_bytes = 0  # reserved bytes the captures added (``capture``)
         self.skipped: list[Hashable] = []
         self.replays = 0
+        self._pending: deque[tuple[Hashable, Tensors]] = deque()
+        self.captured_at_start = 0  # graphs captured before serving (``capture_all``)
 
     def __len__(self) -> int:
         return len(self._graphs)
 
     def capture(self, key: Hashable, example: Tensors) -> None:
-        """Capture ``forward(*example)`` under ``key``; ``example`` becomes the static inputs.
+        """Capture ``forward(*example)`` under ``key``; a copy of ``example`` becomes the static
+        inputs. What the static inputs and the pool's growth reserved (cached blocks given back
+        before and after) is added to ``pool_bytes``.
+
+        The capture is thread-local (``capture_error_mode="thread_local"``): a capture made
+        while the replica serves runs on the model thread, and another thread's CUDA call (a
+        memory reading) must not fail it.
 
         Raises:
             GraphCaptureError: the forward pass does something a graph cannot hold (a host
@@ -105,6 +120,8 @@ class GraphSet:
         """
         t0 = time.perf_counter()
         try:
+            torch.cuda.empty_cache()
+            before = torch.cuda.memory_reserved(self.device)
             static = tuple(t.clone() for t in example)
             stream = side_stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -119,8 +136,16 @@ class GraphSet:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool, stream=stream):
+            with (
+                torch.inference_mode(),
+                torch.cuda.graph(
+                    graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"
+                ),
+            ):
                 outputs = self.forward(*static)
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            self.pool_bytes += torch.cuda.memory_reserved(self.device) - before
         except Exception as exc:  # noqa: BLE001 - any capture failure, named for the user
             from serve_app.oom import is_torch_oom
 
@@ -131,25 +156,56 @@ class GraphSet:
         self._graphs[key] = _Captured(graph, static, tuple(outputs))
         self.capture_s += time.perf_counter() - t0
 
-    def capture_all(self, examples: Sequence[tuple[Hashable, Tensors]]) -> list[Hashable]:
+    def capture_all(
+        self, examples: Sequence[tuple[Hashable, Tensors]], budget_s: float | None = None
+    ) -> list[Hashable]:
         """Capture every ``(key, example)``, largest example first, so that the shared pool
         grows once to the largest pass and the smaller ones reuse it. A shape that runs out of
         memory is skipped (it will run eagerly); the skipped keys are returned.
 
+        With ``budget_s``, no capture starts that would likely end past it (the longest
+        capture so far is the estimate): the shapes left wait in ``pending``, still largest
+        first, for ``capture_next`` once the replica serves. Until then they run eagerly.
+
         Raises:
             GraphCaptureError: a capture failed for another reason than memory.
         """
-        skipped: list[Hashable] = []
-        for key, example in sorted(examples, key=lambda kv: -sum(t.numel() for t in kv[1])):
-            try:
-                self.capture(key, example)
-            except GraphCaptureError as exc:
-                if not exc.out_of_memory:
-                    raise
-                skipped.append(key)
-                torch.cuda.empty_cache()
-        self.skipped = skipped
-        return skipped
+        t0 = time.perf_counter()
+        self._pending = deque(sorted(examples, key=lambda kv: -sum(t.numel() for t in kv[1])))
+        longest_s = 0.0
+        while self._pending:
+            if budget_s is not None and time.perf_counter() - t0 + longest_s > budget_s:
+                break
+            started_s = time.perf_counter()
+            self.capture_next()
+            longest_s = max(longest_s, time.perf_counter() - started_s)
+        self.captured_at_start = len(self)
+        return self.skipped
+
+    @property
+    def pending(self) -> int:
+        """Shapes still to capture (``capture_next``)."""
+        return len(self._pending)
+
+    def capture_next(self) -> bool:
+        """Capture the next pending shape, if any (out of memory: skipped, it runs eagerly);
+        whether shapes remain. The replica's model thread calls it between batches.
+
+        Raises:
+            GraphCaptureError: a capture failed for another reason than memory.
+        """
+        if not self._pending:
+            return False
+        key, example = self._pending.popleft()
+        try:
+            self.capture(key, example)
+        except GraphCaptureError as exc:
+            if not exc.out_of_memory:
+                self._pending.clear()
+                raise
+            self.skipped.append(key)
+            torch.cuda.empty_cache()
+        return bool(self._pending)
 
     def has(self, key: Hashable) -> bool:
         return key in self._graphs
@@ -171,9 +227,12 @@ class GraphSet:
 
     def describe(self) -> dict[str, Any]:
         return {
-            "graphs": len(self._graphs),
+            "graphs": len(self),
+            "graphs_at_start": self.captured_at_start,
+            "pending": len(self._pending),
             "skipped_out_of_memory": len(self.skipped),
             "capture_s": round(self.capture_s, 3),
+            "pool_bytes": self.pool_bytes,
         }
 
 

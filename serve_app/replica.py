@@ -77,7 +77,6 @@ class ModelServer:
         started = start_replica(self.args, float(assigned.get("GPU", 0.0)))
         self.partition = started.partition
         self.adapter = started.adapter
-        self.graph_info = started.graph_info
         self.batch_cap = started.batch_cap
         self.calibration: Any = started.calibration
         self.calibration_source = started.calibration_source
@@ -96,6 +95,7 @@ class ModelServer:
             self.args.batch_wait_timeout_s,
             max_queued_items=self.args.max_queued_items,
             queue_deadline_s=self.args.queue_deadline_s,
+            idle_work=self._capture_next_graph if self.adapter.graphs else None,
         )
         self.oom_recoveries = 0
         self.batches = 0
@@ -118,6 +118,24 @@ class ModelServer:
             self.partition.device,
             self.batch_cap,
         )
+
+    def _capture_next_graph(self) -> bool:
+        """The batcher's work between batches: capture one CUDA graph start-up left pending
+        (graphs.py); whether more remain."""
+        graphs = self.adapter.graphs
+        more = graphs.capture_next()
+        if not more:
+            info = graphs.describe()
+            logger.info(
+                "CUDA graphs: all %d captured (%d at start-up, %d out of memory), %.2f s of "
+                "capture, %s pool",
+                info["graphs"],
+                info["graphs_at_start"],
+                info["skipped_out_of_memory"],
+                info["capture_s"],
+                format_bytes(max(0, info["pool_bytes"])),
+            )
+        return more
 
     def _watch_budget(self, monitor: Any) -> None:
         budget = self.partition.budget
@@ -360,7 +378,7 @@ class ModelServer:
     def report(self) -> dict[str, Any]:
         figures = self.partition.report()
         calib = self.calibration
-        graphs = self.graph_info
+        graphs = self.adapter.graphs.describe() if self.adapter.graphs else None
         figures.update(
             {
                 "replica_id": self.replica_id,
@@ -382,6 +400,8 @@ class ModelServer:
                 "startup_phases_s": self.startup_phases_s,
                 "first_request_s": self.first_request_s,
                 "cuda_graphs": graphs["graphs"] if graphs else 0,
+                "cuda_graphs_at_start": graphs["graphs_at_start"] if graphs else 0,
+                "cuda_graphs_pending": graphs["pending"] if graphs else 0,
                 "cuda_graph_capture_s": graphs["capture_s"] if graphs else None,
                 "cuda_graph_pool_bytes": graphs["pool_bytes"] if graphs else None,
                 "cuda_graph_replays": self.adapter.graphs.replays if self.adapter.graphs else 0,

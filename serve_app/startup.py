@@ -80,7 +80,9 @@ def start_replica(args: AppArgs, num_gpus: float) -> Started:
     with phases("graph_capture"):
         graph_info = None
         if partition.on_gpu and args.cuda_graphs:
-            graph_info = capture_graphs(adapter, partition, graph_batch_limit(args))
+            graph_info = capture_graphs(
+                adapter, partition, graph_batch_limit(args), args.cuda_graph_startup_budget_s
+            )
     with phases("calibration"):
         batch_cap, calibration, source, entry = initial_batch_cap(args, adapter, partition)
     with phases("warmup"):
@@ -256,8 +258,11 @@ def warm_up(adapter: Any, partition: Partition, max_batch_size: int) -> float:
     return elapsed_s
 
 
-def capture_graphs(adapter: Any, partition: Partition, max_batch_size: int) -> dict[str, Any]:
-    """The adapter's forward pass as CUDA graphs for batches up to ``max_batch_size``; what was
+def capture_graphs(
+    adapter: Any, partition: Partition, max_batch_size: int, budget_s: float | None = None
+) -> dict[str, Any]:
+    """The adapter's forward pass as CUDA graphs for batches up to ``max_batch_size``, for at
+    most ``budget_s`` (the shapes left are captured once the replica serves); what was
     captured (``GraphSet.describe``).
 
     Raises:
@@ -266,9 +271,8 @@ def capture_graphs(adapter: Any, partition: Partition, max_batch_size: int) -> d
     """
     from serve_app.graphs import GraphCaptureError
 
-    before = torch.cuda.memory_reserved(partition.device)
     try:
-        graphs = adapter.capture_graphs(max_batch_size)
+        graphs = adapter.capture_graphs(max_batch_size, budget_s)
     except GraphCaptureError as exc:
         raise StartupError(
             f"CUDA graph capture of {adapter.args.model_name!r} failed ({exc}); set "
@@ -277,13 +281,15 @@ def capture_graphs(adapter: Any, partition: Partition, max_batch_size: int) -> d
     torch.cuda.synchronize(partition.device)
     partition.free_cache(count=False)  # the eager runs before each capture
     info = graphs.describe()
-    info["pool_bytes"] = torch.cuda.memory_reserved(partition.device) - before
     logger.info(
-        "CUDA graphs: %d captured in %.2f s (batches up to %d; %s reserved)",
+        "CUDA graphs: %d captured in %.2f s (batches up to %d; %s reserved); %d left to "
+        "capture between batches once serving (cuda_graph_startup_budget_s %s)",
         info["graphs"],
         info["capture_s"],
         max_batch_size,
         format_bytes(max(0, info["pool_bytes"])),
+        info["pending"],
+        budget_s,
     )
     if info["skipped_out_of_memory"]:
         logger.warning(

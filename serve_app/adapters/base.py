@@ -57,9 +57,10 @@ class ModelAdapter(Protocol):
     def warmup_batches(self, max_batch_size: int) -> list[list[Any]]:
         """Batches covering the shapes traffic brings, run once before serving."""
 
-    def capture_graphs(self, max_batch_size: int) -> GraphSet:
-        """Capture the forward pass as CUDA graphs for batches up to ``max_batch_size``; later
-        ``predict`` calls replay them where a batch's shape has one (see graphs.py)."""
+    def capture_graphs(self, max_batch_size: int, budget_s: float | None = None) -> GraphSet:
+        """Capture the forward pass as CUDA graphs for batches up to ``max_batch_size``, for at
+        most ``budget_s`` (the rest stay pending: ``GraphSet.capture_all``); later ``predict``
+        calls replay them where a batch's shape has one (see graphs.py)."""
 
     def describe(self) -> dict[str, Any]:
         """What ``GET /v1/models`` shows about this model."""

@@ -165,9 +165,10 @@ class EmbeddingAdapter:
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
         return (pooled,)
 
-    def capture_graphs(self, max_batch_size: int) -> GraphSet:
+    def capture_graphs(self, max_batch_size: int, budget_s: float | None = None) -> GraphSet:
         """CUDA graphs of the forward pass for each batch bucket up to ``max_batch_size`` and
-        each of GRAPH_LENGTHS within the model's limit."""
+        each of GRAPH_LENGTHS within the model's limit (for at most ``budget_s``: see
+        ``GraphSet.capture_all``)."""
         lengths = [n for n in GRAPH_LENGTHS if n <= min(self.max_tokens, self.max_positions)]
         sizes = graph_batch_sizes(max_batch_size)
         graphs = GraphSet(self._forward, self.device)
@@ -179,8 +180,8 @@ class EmbeddingAdapter:
                 mask = torch.ones((b, n), dtype=torch.long, device=self.device)
                 mask[:, n // 2 :] = 0
                 examples.append(((b, n), (ids, mask)))
-        graphs.capture_all(examples)
         self.graphs, self._graph_sizes, self._graph_lengths = graphs, sizes, lengths
+        graphs.capture_all(examples, budget_s)
         return graphs
 
     def predict(self, items: Sequence[list[int]]) -> list[np.ndarray]:

@@ -270,19 +270,20 @@ class ImageClassifierAdapter:
         assert self.model is not None, "setup() must run before predict()"
         return (self.model(to_model_input(batch_u8, self.device, self.dtype)),)
 
-    def capture_graphs(self, max_batch_size: int) -> GraphSet:
-        """CUDA graphs of the forward pass for batch buckets up to ``max_batch_size``."""
+    def capture_graphs(self, max_batch_size: int, budget_s: float | None = None) -> GraphSet:
+        """CUDA graphs of the forward pass for batch buckets up to ``max_batch_size`` (for at
+        most ``budget_s``: see ``GraphSet.capture_all``)."""
         size = self.args.image_size
         graphs = GraphSet(self._forward, self.device)
         sizes = graph_batch_sizes(max_batch_size)
+        self.graphs, self._graph_sizes = graphs, sizes
         graphs.capture_all(
             [
                 (b, (torch.zeros((b, size, size, 3), dtype=torch.uint8, device=self.device),))
                 for b in sizes
-            ]
+            ],
+            budget_s,
         )
-        self.graphs = graphs
-        self._graph_sizes = [b for b in sizes if graphs.has(b)]
         return graphs
 
     def predict(self, items: Sequence[Any]) -> list[Any]:
@@ -326,10 +327,16 @@ class ImageClassifierAdapter:
         return crops, errors
 
     def _classify(self, batch_u8: torch.Tensor) -> list[tuple[np.ndarray, np.ndarray]]:
-        bucket = bucket_for(len(batch_u8), self._graph_sizes)
+        graphs = self.graphs
+        # Captured buckets only: a shape still pending (or skipped) pads up to a larger one.
+        bucket = (
+            bucket_for(len(batch_u8), [b for b in self._graph_sizes if graphs.has(b)])
+            if graphs is not None
+            else None
+        )
         with torch.inference_mode():
-            if self.graphs is not None and bucket is not None:
-                (logits,) = self.graphs.run(bucket, (batch_u8,))
+            if graphs is not None and bucket is not None:
+                (logits,) = graphs.run(bucket, (batch_u8,))
             else:
                 (logits,) = self._forward(batch_u8)
             probs = torch.softmax(logits.float(), dim=1)

@@ -418,3 +418,76 @@ def test_retry_after_follows_the_measured_drain_rate(executor) -> None:
 def test_bad_bounds_are_refused(executor, queued: int | None, deadline_s: float | None) -> None:
     with pytest.raises(ValueError):
         Batcher(lambda items: items, executor, 4, 0.0, queued, deadline_s)
+
+
+class IdleWork:
+    """``steps`` steps of work between batches, each ``step_s`` long; records what ran when."""
+
+    def __init__(self, steps: int, step_s: float = 0.0, fail_at: int | None = None):
+        self.left = steps
+        self.step_s = step_s
+        self.fail_at = fail_at
+        self.ran: list[float] = []
+        self.threads: set[str] = set()
+
+    def __call__(self) -> bool:
+        self.threads.add(threading.current_thread().name)
+        if self.fail_at is not None and len(self.ran) == self.fail_at:
+            raise RuntimeError("capture failed")
+        time.sleep(self.step_s)
+        self.ran.append(time.monotonic())
+        self.left -= 1
+        return self.left > 0
+
+
+def test_idle_work_runs_on_the_model_executor_while_the_queue_is_empty() -> None:
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
+    model, work = Model(), IdleWork(steps=5)
+
+    async def main() -> list[object]:
+        b = Batcher(model, executor, max_batch_size=8, batch_wait_timeout_s=0.0, idle_work=work)
+        out = await b.submit(["a"])
+        while work.left:  # nothing queued: the steps run one after another
+            await asyncio.sleep(0.005)
+        again = await b.submit(["b"])
+        b.close()
+        return [*out, *again]
+
+    try:
+        assert asyncio.run(main()) == ["out-a", "out-b"]
+    finally:
+        executor.shutdown(wait=True)
+    assert len(work.ran) == 5 and work.left == 0  # called no more once it said it was done
+    assert all(name.startswith("predict") for name in work.threads), work.threads
+
+
+def test_idle_work_still_runs_under_load_at_least_every_interval(executor) -> None:
+    model, work = Model(work_s=0.01), IdleWork(steps=1000)
+
+    async def main() -> None:
+        b = Batcher(model, executor, max_batch_size=4, batch_wait_timeout_s=0.0, idle_work=work)
+        b.IDLE_WORK_EVERY_S = 0.05
+        # 200 items queued at once: 50 batches of 4, 10 ms each; the queue empties only at the
+        # end, so any step before that ran because the interval had passed
+        await asyncio.gather(*(b.submit([i]) for i in range(200)))
+        b.close()
+
+    asyncio.run(main())
+    assert sum(model.sizes) == 200 and len(model.sizes) >= 50
+    assert len(work.ran) >= 4, len(work.ran)
+
+
+def test_failing_idle_work_is_dropped_and_serving_goes_on(executor, caplog) -> None:
+    model, work = Model(), IdleWork(steps=10, fail_at=2)
+
+    async def main() -> list[object]:
+        b = Batcher(model, executor, max_batch_size=8, batch_wait_timeout_s=0.0, idle_work=work)
+        await b.submit(["a"])
+        await asyncio.sleep(0.05)
+        out = await b.submit(["b"])
+        b.close()
+        return out
+
+    assert asyncio.run(main()) == ["out-b"]
+    assert len(work.ran) == 2 and work.left == 8  # no step after the failure
+    assert "work between batches failed" in caplog.text

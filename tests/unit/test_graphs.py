@@ -10,6 +10,7 @@ checks real graphs on a GPU.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ from serve_app.adapters.embeddings import GRAPH_LENGTHS, EmbeddingAdapter
 from serve_app.adapters.image import ImageClassifierAdapter
 from serve_app.config import parse_args
 from serve_app.errors import ConfigError
-from serve_app.graphs import bucket_for, graph_batch_sizes
+from serve_app.graphs import GraphCaptureError, GraphSet, bucket_for, graph_batch_sizes
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -56,22 +57,30 @@ def test_config_fields() -> None:
         parse_args({"cuda_graph_max_batch_size": 0})
 
 
-class CpuGraphSet:
-    """GraphSet's contract on the CPU: static buffers with stale rows, forward called on them."""
+class CpuGraphSet(GraphSet):
+    """GraphSet on the CPU: its own ordering, budget and pending queue (``capture_all``,
+    ``capture_next``), but ``capture`` keeps static buffers with stale rows and ``run`` calls
+    the forward pass on them. ``capture_s_each`` (when set) is how long each capture takes."""
 
-    def __init__(self, forward: Callable[..., Tensors]):
-        self.forward = forward
+    def __init__(self, forward: Callable[..., Tensors], capture_s_each: float = 0.0):
+        super().__init__(forward, torch.device("cpu"))
         self.static: dict[Hashable, Tensors] = {}
+        self.order: list[Hashable] = []
         self.runs: list[tuple[Hashable, int]] = []
+        self.capture_s_each = capture_s_each
 
-    def capture_all(self, examples: Sequence[tuple[Hashable, Tensors]]) -> list[Hashable]:
-        for key, example in examples:
-            # stale rows: whatever a previous batch left (here: random ids / noise)
-            self.static[key] = tuple(
-                torch.randint_like(t, 1000, 2000) if t.dtype == torch.long else t.clone()
-                for t in example
-            )
-        return []
+    def capture(self, key: Hashable, example: Tensors) -> None:
+        if self.capture_s_each:
+            time.sleep(self.capture_s_each)
+        # stale rows: whatever a previous batch left (here: random ids / noise)
+        self.static[key] = tuple(
+            torch.randint_like(t, 1000, 2000) if t.dtype == torch.long else t.clone()
+            for t in example
+        )
+        self.order.append(key)
+
+    def __len__(self) -> int:
+        return len(self.static)
 
     def has(self, key: Hashable) -> bool:
         return key in self.static
@@ -87,16 +96,72 @@ class CpuGraphSet:
             return tuple(out[:rows] for out in self.forward(*static))
 
 
-def _with_cpu_graphs(adapter: Any, monkeypatch: pytest.MonkeyPatch, module: str) -> CpuGraphSet:
+def _with_cpu_graphs(
+    adapter: Any, monkeypatch: pytest.MonkeyPatch, module: str, budget_s: float | None = None
+) -> CpuGraphSet:
     holder: dict[str, CpuGraphSet] = {}
 
     def make(forward: Callable[..., Tensors], device: torch.device) -> CpuGraphSet:
-        holder["set"] = CpuGraphSet(forward)
+        holder["set"] = CpuGraphSet(forward, capture_s_each=0.01 if budget_s is not None else 0)
         return holder["set"]
 
     monkeypatch.setattr(f"serve_app.adapters.{module}.GraphSet", make)
-    adapter.capture_graphs(8)
+    adapter.capture_graphs(8, budget_s)
     return holder["set"]
+
+
+def _examples(sizes: Sequence[int]) -> list[tuple[Hashable, Tensors]]:
+    return [(b, (torch.zeros((b, 3)),)) for b in sizes]
+
+
+def test_capture_all_captures_largest_first_within_the_budget() -> None:
+    graphs = CpuGraphSet(lambda x: (x,), capture_s_each=0.02)
+    graphs.capture_all(_examples([1, 2, 4, 8, 16, 32, 64, 128, 256, 512]), budget_s=0.09)
+    # 0.02 s each (at least: sleep overruns on a busy machine): a capture starts only if it
+    # should end within 0.09 s, so 4 at most, and never fewer than 1
+    n = graphs.captured_at_start
+    assert 1 <= n <= 4 and graphs.order == [512, 256, 128, 64][:n], graphs.order
+    assert graphs.pending == 10 - n
+    described = graphs.describe()
+    assert described["graphs_at_start"] == n and described["pending"] == 10 - n
+    more = [graphs.capture_next() for _ in range(10 - n)]
+    assert more == [True] * (9 - n) + [False]
+    assert graphs.order == [512, 256, 128, 64, 32, 16, 8, 4, 2, 1]
+    assert graphs.capture_next() is False and graphs.pending == 0
+
+
+def test_capture_all_without_a_budget_captures_everything_and_zero_defers_all() -> None:
+    graphs = CpuGraphSet(lambda x: (x,))
+    graphs.capture_all(_examples([4, 1, 2]))
+    assert graphs.order == [4, 2, 1] and graphs.pending == 0
+    deferred = CpuGraphSet(lambda x: (x,))
+    deferred.capture_all(_examples([4, 1, 2]), budget_s=0.0)
+    assert deferred.order == [] and deferred.pending == 3 and deferred.captured_at_start == 0
+
+
+def test_capture_next_skips_out_of_memory_and_stops_on_other_errors() -> None:
+    class Failing(CpuGraphSet):
+        def capture(self, key: Hashable, example: Tensors) -> None:
+            if key == 4:
+                raise GraphCaptureError("no room", out_of_memory=True)
+            if key == 2:
+                raise GraphCaptureError("host sync inside the forward pass")
+            super().capture(key, example)
+
+    graphs = Failing(lambda x: (x,))
+    graphs.capture_all(_examples([8, 4, 2, 1]), budget_s=0.0)
+    assert graphs.capture_next() is True  # 8
+    assert graphs.capture_next() is True and graphs.skipped == [4]
+    with pytest.raises(GraphCaptureError, match="host sync"):
+        graphs.capture_next()
+    assert graphs.pending == 0 and graphs.order == [8]  # nothing more is tried
+
+
+def test_config_startup_budget() -> None:
+    assert parse_args({}).cuda_graph_startup_budget_s == 1.0
+    assert parse_args({"cuda_graph_startup_budget_s": 0}).cuda_graph_startup_budget_s == 0.0
+    with pytest.raises(ConfigError, match="cuda_graph_startup_budget_s"):
+        parse_args({"cuda_graph_startup_budget_s": -1})
 
 
 def test_embeddings_graph_path_pads_to_buckets_and_matches_eager(
@@ -148,3 +213,49 @@ def test_image_graph_path_pads_to_buckets_and_matches_eager(
         np.testing.assert_array_equal(c1[:5], c2[:5])
         np.testing.assert_allclose(s1, s2, atol=1e-5)
     assert len(adapter.predict(items * 3)) == 9 and len(graphs.runs) == 1  # 9 > 8: eager
+
+
+def test_embeddings_shapes_left_pending_run_eagerly_until_captured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    adapter = EmbeddingAdapter(parse_args({"adapter": "embeddings"}))
+    adapter.setup(torch.device("cpu"))
+    items = adapter.decode(json.dumps({"input": ["hello there", "hi"]}).encode(), "", {})
+    graphs = _with_cpu_graphs(adapter, monkeypatch, "embeddings", budget_s=0.0)
+    assert graphs.pending == 4 * len(GRAPH_LENGTHS) and not graphs.static
+    eager = adapter.predict(items.items)
+    assert graphs.runs == []  # nothing captured yet: eager
+    while graphs.capture_next():
+        pass
+    graphed = adapter.predict(items.items)
+    assert len(graphs.runs) == 1 and graphs.runs[0][0][0] == 2
+    for a, b in zip(eager, graphed, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_image_pads_to_a_captured_bucket_while_smaller_ones_are_pending(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    adapter = ImageClassifierAdapter(
+        parse_args(
+            {
+                "adapter": "image-classification",
+                "load_format": "dummy",
+                "arch": "resnet18",
+                "image_size": 32,
+            }
+        )
+    )
+    adapter.setup(torch.device("cpu"))
+    graphs = _with_cpu_graphs(adapter, monkeypatch, "image", budget_s=0.0)
+    rng = np.random.default_rng(0)
+    items = [rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for _ in range(3)]
+    adapter.predict(items)
+    assert graphs.runs == []  # nothing captured: eager
+    graphs.capture_next()  # the largest bucket, 8, first
+    adapter.predict(items)
+    assert graphs.runs == [(8, 3)]  # 3 pads up to 8 while 4 is pending
+    while graphs.capture_next():
+        pass
+    adapter.predict(items)
+    assert graphs.runs[-1] == (4, 3)
