@@ -48,6 +48,7 @@ from typing import Any
 
 import httpx
 
+from load_tests.bench.memory import BudgetWatch
 from load_tests.faults import (
     APP,
     ARGS,
@@ -453,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     meta["startup_s"] = round(time.monotonic() - t0, 1)
     meta["reliability_env"] = reliability_env()
+    # NVML per process against each replica's budget for the whole run (new pids included).
+    watch = BudgetWatch(f"{target.base}/v1/memory").start() if a.device == "cuda" else None
     print(f"deployed {a.replicas} replicas in {meta['startup_s']} s", flush=True)
     # What each fault needs of the budget at most (kill20 takes what the others leave).
     needs = {
@@ -491,9 +494,18 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     finally:
+        if watch is not None:
+            meta["memory"] = watch.stop()
         launch.shutdown()
     meta["took_s"] = round(time.monotonic() - t0, 1)
     write(a.out, meta, rows, complete=True)
+    if watch is not None:
+        m = meta["memory"]
+        print(
+            f"budget violations: {m['budget_violations']} in {m['nvml_samples_judged']} NVML "
+            f"samples of {m['replica_pids_judged']} replica processes",
+            flush=True,
+        )
     print_rows(rows, fault_width=12)
     print(f"wrote {a.out} in {meta['took_s']} s")
     return 0 if all(r.lost == 0 for r in rows) else 1

@@ -142,3 +142,65 @@ def nvml_process_pids() -> set[int] | None:
             pynvml.nvmlShutdown()
         except Exception:
             pass
+
+
+class BudgetWatch:
+    """NVML per-process bytes (``MemorySampler``, every ``interval_s``) judged against each
+    replica's ``budget_bytes``, read from ``GET /v1/memory`` every ``budgets_every_s`` so that
+    replacement replicas (new pids) are judged too. For a whole run with replicas coming and
+    going, such as the fault suite; ``stop`` returns ``budget_violations`` and what was judged.
+    """
+
+    def __init__(
+        self, memory_url: str, interval_s: float = 0.25, budgets_every_s: float = 2.0
+    ) -> None:
+        self.memory_url = memory_url
+        self.budgets_every_s = budgets_every_s
+        self.budgets: dict[int, int] = {}
+        self.sampler = MemorySampler(None, use_nvml=True, interval_s=interval_s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="budget-poll", daemon=True)
+
+    def start(self) -> BudgetWatch:
+        self.sampler.start()
+        self._thread.start()
+        return self
+
+    def _read_budgets(self) -> None:
+        try:
+            reps = httpx.get(self.memory_url, timeout=10.0).json().get("replicas", [])
+            for r in reps:
+                if r.get("budget_bytes") and r.get("pid") is not None:
+                    self.budgets[int(r["pid"])] = int(r["budget_bytes"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # a replica being replaced; the next poll reads it
+
+    def _poll(self) -> None:
+        while True:
+            self._read_budgets()
+            if self._stop.wait(self.budgets_every_s):
+                break
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join(timeout=15.0)
+        self._read_budgets()
+        log = self.sampler.stop()
+        return {**judge_budgets(log.samples, self.budgets), "nvml_notes": log.notes}
+
+
+def judge_budgets(samples: list[dict[str, Any]], budgets: dict[int, int]) -> dict[str, Any]:
+    """``BudgetWatch``'s verdict on NVML samples, given budgets by pid: the violations, the
+    samples and processes judged, the largest used/budget ratio and the bytes over by pid."""
+    from load_tests.throughput.stats import budget_violations
+
+    judged = budget_violations(samples, budgets)
+    peaks = judged.pop("peak_bytes")
+    return {
+        **judged,
+        "replica_pids_judged": len(peaks),
+        "max_used_over_budget": max((peaks[pid] / budgets[pid] for pid in peaks), default=None),
+        "bytes_over_budget_by_pid": {
+            pid: peak - budgets[pid] for pid, peak in peaks.items() if peak > budgets[pid]
+        },
+    }

@@ -405,3 +405,24 @@ def test_cli_end_to_end_writes_json_and_plots(server_url: str, tmp_path: Path) -
     assert server and server[0]["budget_bytes"] == 1 << 30
     assert (tmp_path / "bench.png").stat().st_size > 0
     assert (tmp_path / "memory.png").stat().st_size > 0
+
+
+def test_judge_budgets_counts_each_sample_over_its_own_pids_budget() -> None:
+    from load_tests.bench.memory import judge_budgets
+
+    samples = [
+        {"source": "nvml", "pid": 1, "used_bytes": 90},
+        {"source": "nvml", "pid": 1, "used_bytes": 120},  # over 100
+        {"source": "nvml", "pid": 2, "used_bytes": 150},
+        {"source": "nvml", "pid": 3, "used_bytes": 10**9},  # the hog: no budget, not judged
+        {"source": "http", "pid": 2, "used_bytes": 10**9},  # not an NVML sample
+    ]
+    got = judge_budgets(samples, {1: 100, 2: 200})
+    assert got == {
+        "budget_violations": 1,
+        "nvml_samples_judged": 3,
+        "replica_pids_judged": 2,
+        "max_used_over_budget": 1.2,
+        "bytes_over_budget_by_pid": {1: 20},
+    }
+    assert judge_budgets([], {1: 100})["max_used_over_budget"] is None
