@@ -88,6 +88,7 @@ class ModelServer:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
         self._served_by = {"x-serve-app-replica": self.replica_id}
         self._api_keys = ApiKeys(env.api_keys())  # from the environment, never the config
+        graph_set = self.adapter.graphs  # a GraphSet is falsy while it holds no graph yet
         self._batcher: Batcher[Any, Any] = Batcher(
             self._run_batch,
             self._executor,
@@ -95,7 +96,9 @@ class ModelServer:
             self.args.batch_wait_timeout_s,
             max_queued_items=self.args.max_queued_items,
             queue_deadline_s=self.args.queue_deadline_s,
-            idle_work=self._capture_next_graph if self.adapter.graphs else None,
+            idle_work=self._capture_next_graph
+            if graph_set is not None and graph_set.pending
+            else None,
         )
         self.oom_recoveries = 0
         self.batches = 0
@@ -378,7 +381,8 @@ class ModelServer:
     def report(self) -> dict[str, Any]:
         figures = self.partition.report()
         calib = self.calibration
-        graphs = self.adapter.graphs.describe() if self.adapter.graphs else None
+        graph_set = self.adapter.graphs
+        graphs = graph_set.describe() if graph_set is not None else None
         figures.update(
             {
                 "replica_id": self.replica_id,
@@ -404,7 +408,7 @@ class ModelServer:
                 "cuda_graphs_pending": graphs["pending"] if graphs else 0,
                 "cuda_graph_capture_s": graphs["capture_s"] if graphs else None,
                 "cuda_graph_pool_bytes": graphs["pool_bytes"] if graphs else None,
-                "cuda_graph_replays": self.adapter.graphs.replays if self.adapter.graphs else 0,
+                "cuda_graph_replays": graph_set.replays if graph_set is not None else 0,
                 "queued_items": self._batcher.queued,
                 "rejected_requests": self._batcher.rejected_requests,
                 "expired_requests": self._batcher.expired_requests,
