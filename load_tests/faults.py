@@ -97,9 +97,14 @@ class Load:
     (send time, seconds taken, status, content type, the replica that answered or "")."""
 
     def __init__(
-        self, url: str, clients: int = CLIENTS, max_requests: int = MAX_REQUESTS_PER_CLIENT
+        self,
+        url: str,
+        clients: int = CLIENTS,
+        max_requests: int = MAX_REQUESTS_PER_CLIENT,
+        body: dict[str, Any] | None = None,
     ):
         self.url = url
+        self.body = BODY if body is None else body
         self.max_requests = max_requests
         self.stop = threading.Event()
         self.results: list[Result] = []
@@ -113,7 +118,7 @@ class Load:
                     return
                 t0 = time.monotonic()
                 try:
-                    resp = client.post(self.url, json=BODY)
+                    resp = client.post(self.url, json=self.body)
                     out: tuple[int | str, str, str] = (
                         resp.status_code,
                         resp.headers.get("content-type", ""),
@@ -372,27 +377,41 @@ def sigstop(target: Target, stop_s: float) -> Row:
     )
 
 
-def capacity(target: Target, seconds: float = 4.0) -> float:
+def capacity(
+    target: Target,
+    seconds: float = 4.0,
+    body: dict[str, Any] | None = None,
+    clients: int = CLIENTS,
+) -> float:
     """Requests/s the closed-loop load gets answered (200) now."""
-    with Load(target.url) as load:
+    with Load(target.url, clients=clients, body=body) as load:
         time.sleep(seconds)
     ok = [r for r in load.snapshot() if r[2] == 200]
     return len(ok) / seconds
 
 
-async def _open_loop(url: str, rate: float, duration_s: float) -> list[tuple[int | str, str]]:
-    """Send at ``rate`` per second for ``duration_s``, whatever the answers take (bounded: at
-    most rate x duration requests)."""
+Outcome = tuple[int | str, str, float]  # status (or the client error), content type, seconds
+
+
+async def _open_loop(
+    url: str, rate: float, duration_s: float, body: bytes, limit_s: float
+) -> list[Outcome]:
+    """Send ``body`` at ``rate`` per second for ``duration_s``, whatever the answers take
+    (bounded: at most rate x duration requests, and ``limit_s`` in all: a request still
+    unanswered then is cancelled and counted as ``unanswered``)."""
     limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
-    out: list[tuple[int | str, str]] = []
+    headers = {"Content-Type": "application/json"}
+    out: list[Outcome] = []
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S, limits=limits) as client:
 
         async def one() -> None:
+            t0 = time.monotonic()
             try:
-                resp = await client.post(url, json=BODY)
-                out.append((resp.status_code, resp.headers.get("content-type", "")))
+                resp = await client.post(url, content=body, headers=headers)
+                ctype = resp.headers.get("content-type", "")
+                out.append((resp.status_code, ctype, time.monotonic() - t0))
             except httpx.HTTPError as exc:
-                out.append((f"{type(exc).__name__}({exc})", ""))
+                out.append((f"{type(exc).__name__}({exc})", "", time.monotonic() - t0))
 
         t0 = time.monotonic()
         tasks = []
@@ -400,18 +419,65 @@ async def _open_loop(url: str, rate: float, duration_s: float) -> list[tuple[int
             delay = t0 + i / rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+            if time.monotonic() - t0 > duration_s:
+                break  # the client fell behind the schedule: what it sent is what it offered
             tasks.append(asyncio.create_task(one()))
-        await asyncio.gather(*tasks)
+        _, pending = await asyncio.wait(tasks, timeout=max(0.0, t0 + limit_s - time.monotonic()))
+        for task in pending:
+            task.cancel()
+        out.extend(("unanswered", "", limit_s) for _ in pending)
     return out
 
 
-def overload(target: Target, factor: float, duration_s: float) -> Row:
-    cap = capacity(target)
+def _open_loop_process(job: tuple[str, float, float, bytes, float]) -> list[Outcome]:
+    return asyncio.run(_open_loop(*job))
+
+
+def open_loop(
+    url: str,
+    rate: float,
+    duration_s: float,
+    body: dict[str, Any],
+    processes: int = 1,
+    limit_s: float | None = None,
+) -> list[Outcome]:
+    """The open loop at ``rate`` per second, split over ``processes`` client processes (one
+    Python process sends about a thousand requests a second at most)."""
+    data = json.dumps(body).encode()
+    limit = limit_s if limit_s is not None else duration_s + CLIENT_TIMEOUT_S
+    if processes <= 1:
+        return asyncio.run(_open_loop(url, rate, duration_s, data, limit))
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    job = (url, rate / processes, duration_s, data, limit)
+    # concurrent.futures, not multiprocessing.Pool: a client process that dies raises
+    # BrokenProcessPool here instead of being replaced forever.
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(processes, mp_context=ctx) as pool:
+        parts = list(pool.map(_open_loop_process, [job] * processes, timeout=limit + 60.0))
+    return [o for part in parts for o in part]
+
+
+def overload(
+    target: Target,
+    factor: float,
+    duration_s: float,
+    body: dict[str, Any] | None = None,
+    processes: int = 1,
+    clients: int = CLIENTS,
+) -> Row:
+    """An open loop at ``factor`` times the measured capacity (requests of ``body``); the row
+    adds the accepted requests' latency percentiles and the rate the client really offered."""
+    body = BODY if body is None else body
+    cap = capacity(target, body=body, clients=clients)
     rate = max(1.0, factor * cap)
-    outcomes = asyncio.run(_open_loop(target.url, rate, duration_s))
+    started = time.monotonic()
+    outcomes = open_loop(target.url, rate, duration_s, body, processes)
     ended_at = time.monotonic()
     recovery = first_ok(target, ended_at)
-    lost, failed, statuses = tally(outcomes)
+    lost, failed, statuses = tally([(s, c) for s, c, _ in outcomes])
+    ok_s = sorted(t for s, _, t in outcomes if s == 200)
     return Row(
         f"overload_{factor:g}x",
         len(outcomes),
@@ -421,12 +487,27 @@ def overload(target: Target, factor: float, duration_s: float) -> Row:
         {
             "capacity_rps": round(cap, 1),
             "offered_rps": round(rate, 1),
+            "sent_rps": round(len(outcomes) / duration_s, 1),
             "duration_s": duration_s,
+            "wall_s": round(ended_at - started, 1),
+            "client_processes": processes,
+            "items_per_request": len(body["input"]),
             "statuses": statuses,
+            "accepted": len(ok_s),
+            "accepted_p50_s": _pct(ok_s, 0.50),
+            "accepted_p99_s": _pct(ok_s, 0.99),
+            "accepted_max_s": round(ok_s[-1], 3) if ok_s else None,
             "max_queued_items": ARGS["max_queued_items"],
             "queue_deadline_s": ARGS["queue_deadline_s"],
+            "request_timeout_s": ARGS["request_timeout_s"],
         },
     )
+
+
+def _pct(sorted_s: list[float], q: float) -> float | None:
+    if not sorted_s:
+        return None
+    return round(sorted_s[min(len(sorted_s) - 1, int(q * len(sorted_s)))], 3)
 
 
 def first_ok(target: Target, since: float, timeout_s: float = 60.0) -> float | None:
