@@ -135,6 +135,14 @@ class AppArgs(BaseModel):
         "token lengths for embeddings) before serving, so first requests do not pay for "
         "CUDA's lazy kernel loading.",
     )
+    warmup_startup_budget_s: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=600.0,
+        description="Seconds of warm-up start-up may spend (smallest batches first); the "
+        "batches left run between batches once the replica serves. 0 runs every warm-up "
+        "batch after the replica serves.",
+    )
     cuda_graphs: bool = Field(
         default=True,
         description="On a GPU, capture the forward pass as CUDA graphs once the weights are "

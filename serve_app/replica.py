@@ -81,14 +81,13 @@ class ModelServer:
         self.calibration: Any = started.calibration
         self.calibration_source = started.calibration_source
         self._calibration_entry = started.calibration_entry
-        self.warmup_s = started.warmup_s
+        self.warmup = started.warmup  # its batches left pending run between batches
         self.startup_phases_s = started.phases_s
         self._process_started_s = started.process_started_s
         self.first_request_s: float | None = None  # process start to the first answer
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
         self._served_by = {"x-serve-app-replica": self.replica_id}
         self._api_keys = ApiKeys(env.api_keys())  # from the environment, never the config
-        graph_set = self.adapter.graphs  # a GraphSet is falsy while it holds no graph yet
         self._batcher: Batcher[Any, Any] = Batcher(
             self._run_batch,
             self._executor,
@@ -96,9 +95,7 @@ class ModelServer:
             self.args.batch_wait_timeout_s,
             max_queued_items=self.args.max_queued_items,
             queue_deadline_s=self.args.queue_deadline_s,
-            idle_work=self._capture_next_graph
-            if graph_set is not None and graph_set.pending
-            else None,
+            idle_work=self._work_between_batches if self._start_up_left() else None,
         )
         self.oom_recoveries = 0
         self.batches = 0
@@ -122,23 +119,38 @@ class ModelServer:
             self.batch_cap,
         )
 
-    def _capture_next_graph(self) -> bool:
-        """The batcher's work between batches: capture one CUDA graph start-up left pending
-        (graphs.py); whether more remain."""
+    def _start_up_left(self) -> bool:
+        """Whether start-up left work for between batches: CUDA graphs to capture, warm-up
+        batches to run (their start-up budgets ran out)."""
+        graphs = self.adapter.graphs  # a GraphSet is falsy while it holds no graph yet
+        return bool(
+            (graphs is not None and graphs.pending) or (self.warmup and self.warmup.pending)
+        )
+
+    def _work_between_batches(self) -> bool:
+        """The batcher's work between batches (on the model thread): one CUDA graph capture,
+        else one warm-up batch; whether more remains."""
         graphs = self.adapter.graphs
-        more = graphs.capture_next()
-        if not more:
-            info = graphs.describe()
-            logger.info(
-                "CUDA graphs: all %d captured (%d at start-up, %d out of memory), %.2f s of "
-                "capture, %s pool",
-                info["graphs"],
-                info["graphs_at_start"],
-                info["skipped_out_of_memory"],
-                info["capture_s"],
-                format_bytes(max(0, info["pool_bytes"])),
-            )
-        return more
+        if graphs is not None and graphs.pending:
+            if not graphs.capture_next():
+                info = graphs.describe()
+                logger.info(
+                    "CUDA graphs: all %d captured (%d at start-up, %d out of memory), %.2f s "
+                    "of capture, %s pool",
+                    info["graphs"],
+                    info["graphs_at_start"],
+                    info["skipped_out_of_memory"],
+                    info["capture_s"],
+                    format_bytes(max(0, info["pool_bytes"])),
+                )
+        elif self.warmup is not None and self.warmup.pending:
+            if not self.warmup.step():
+                logger.info(
+                    "warm-up: done, %d batches in %.2f s",
+                    self.warmup.ran,
+                    self.warmup.seconds,
+                )
+        return self._start_up_left()
 
     def _watch_budget(self, monitor: Any) -> None:
         budget = self.partition.budget
@@ -400,8 +412,10 @@ class ModelServer:
                 "batched_items": self.batched_items,
                 "largest_batch": self.largest_batch,
                 "batch_busy_s": round(self.batch_busy_s, 6),
-                "warmup_s": self.warmup_s,
+                "warmup_s": round(self.warmup.seconds, 3) if self.warmup else None,
+                "warmup_pending": len(self.warmup.pending) if self.warmup else 0,
                 "startup_phases_s": self.startup_phases_s,
+                "weights_phases_s": getattr(self.adapter, "setup_phases_s", None),
                 "first_request_s": self.first_request_s,
                 "cuda_graphs": graphs["graphs"] if graphs else 0,
                 "cuda_graphs_at_start": graphs["graphs_at_start"] if graphs else 0,

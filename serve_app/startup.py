@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,7 +43,8 @@ class Started:
         calibration_source: ``"measured"``, ``"cache"``, or None without calibration.
         calibration_entry: the cache entry the result came from or went to (to invalidate
             it on the first out-of-memory batch), or None.
-        warmup_s: seconds of warm-up, or None when skipped.
+        warmup: the warm-up, its batches left for between batches pending (``WarmUp``), or
+            None when skipped.
         phases_s: seconds of each phase of ``PHASES``, with ``process`` and ``total``.
         process_started_s: the process's start (epoch seconds).
     """
@@ -54,7 +56,7 @@ class Started:
     calibration: Any
     calibration_source: str | None
     calibration_entry: Any
-    warmup_s: float | None
+    warmup: WarmUp | None
     phases_s: dict[str, float]
     process_started_s: float
 
@@ -86,9 +88,9 @@ def start_replica(args: AppArgs, num_gpus: float) -> Started:
     with phases("calibration"):
         batch_cap, calibration, source, entry = initial_batch_cap(args, adapter, partition)
     with phases("warmup"):
-        warmup_s = None
+        warmup = None
         if partition.on_gpu and args.warmup:
-            warmup_s = warm_up(adapter, partition, batch_cap)
+            warmup = warm_up(adapter, partition, batch_cap, args.warmup_startup_budget_s)
     return Started(
         partition=partition,
         adapter=adapter,
@@ -97,7 +99,7 @@ def start_replica(args: AppArgs, num_gpus: float) -> Started:
         calibration=calibration,
         calibration_source=source,
         calibration_entry=entry,
-        warmup_s=warmup_s,
+        warmup=warmup,
         phases_s=phases.done(),
         process_started_s=phases.process_started_s,
     )
@@ -227,35 +229,86 @@ def run_fits(adapter: Any, partition: Partition, batch: list[Any]) -> bool:
     return True
 
 
-def warm_up(adapter: Any, partition: Partition, max_batch_size: int) -> float:
-    """Run the adapter's warm-up batches (the shapes traffic brings) so that first requests do
-    not pay for CUDA's lazy kernel loading; the seconds it took.
+def _batch_size_key(batch: list[Any]) -> int:
+    """A batch's size for ordering warm-up: its items times the longest item's length (token
+    ids), or its items alone."""
+    longest = max((len(x) for x in batch if isinstance(x, list | tuple)), default=1)
+    return len(batch) * max(1, longest)
 
-    A batch size that runs out of memory is skipped with every larger one: serving still works,
-    since a batch that does not fit is split at run time (oom.py).
-    """
-    t0 = time.perf_counter()
-    too_big: int | None = None
-    ran = 0
-    for batch in adapter.warmup_batches(max_batch_size):
-        if too_big is not None and len(batch) >= too_big:
-            continue
-        if run_fits(adapter, partition, batch):
-            ran += 1
-        else:
-            too_big = len(batch)
-    if too_big is not None:
-        logger.warning(
-            "warm-up: batches of %d inputs ran out of memory under the cap and were skipped; "
-            "at run time such batches are split and the batch cap lowered. Calibration "
-            "(memory.calibrate: true) picks a batch cap that fits",
-            too_big,
+
+class WarmUp:
+    """The adapter's warm-up batches (the shapes traffic brings), smallest first, run one at
+    a time under the cap (``step``): CUDA loads a kernel the first time it runs, and a first
+    request should not pay for that. A batch size that runs out of memory is skipped with
+    every larger one: serving still works, since a batch that does not fit is split at run
+    time (oom.py). Start-up runs it for at most ``warmup_startup_budget_s``; the replica runs
+    the rest between batches once it serves."""
+
+    def __init__(self, adapter: Any, partition: Partition, max_batch_size: int):
+        self.adapter = adapter
+        self.partition = partition
+        self.pending: deque[list[Any]] = deque(
+            sorted(adapter.warmup_batches(max_batch_size), key=_batch_size_key)
         )
+        self.ran = 0
+        self.seconds = 0.0
+        self.too_big: int | None = None
+
+    def step(self) -> bool:
+        """Run the next warm-up batch; whether any remain."""
+        while self.pending:
+            batch = self.pending.popleft()
+            if self.too_big is not None and len(batch) >= self.too_big:
+                continue
+            t0 = time.perf_counter()
+            if run_fits(self.adapter, self.partition, batch):
+                self.ran += 1
+            else:
+                self.too_big = len(batch)
+                logger.warning(
+                    "warm-up: batches of %d inputs ran out of memory under the cap and were "
+                    "skipped; at run time such batches are split and the batch cap lowered. "
+                    "Calibration (memory.calibrate: true) picks a batch cap that fits",
+                    self.too_big,
+                )
+            self.seconds += time.perf_counter() - t0
+            break
+        if not self.pending:
+            self.partition.free_cache(count=False)
+        return bool(self.pending)
+
+    def run(self, budget_s: float | None = None) -> None:
+        """Steps until done, or until the next would likely end past ``budget_s`` (the
+        longest step so far is the estimate)."""
+        t0 = time.perf_counter()
+        longest_s = 0.0
+        while self.pending:
+            if budget_s is not None and time.perf_counter() - t0 + longest_s > budget_s:
+                break
+            started_s = time.perf_counter()
+            self.step()
+            longest_s = max(longest_s, time.perf_counter() - started_s)
+
+    def describe(self) -> dict[str, Any]:
+        return {"ran": self.ran, "pending": len(self.pending), "seconds": round(self.seconds, 3)}
+
+
+def warm_up(
+    adapter: Any, partition: Partition, max_batch_size: int, budget_s: float | None = None
+) -> WarmUp:
+    """Warm-up batches for at most ``budget_s`` (all of them without it); the WarmUp, with
+    what is left pending."""
+    warm = WarmUp(adapter, partition, max_batch_size)
+    warm.run(budget_s)
     partition.free_cache(count=False)
     torch.cuda.reset_peak_memory_stats(partition.device)
-    elapsed_s = time.perf_counter() - t0
-    logger.info("warm-up: %d batches in %.2f s", ran, elapsed_s)
-    return elapsed_s
+    logger.info(
+        "warm-up: %d batches in %.2f s, %d left for between batches once serving",
+        warm.ran,
+        warm.seconds,
+        len(warm.pending),
+    )
+    return warm
 
 
 def capture_graphs(

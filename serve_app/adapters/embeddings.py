@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -104,8 +105,10 @@ class EmbeddingAdapter:
         )
 
     def setup(self, device: torch.device) -> None:
+        t0 = time.perf_counter()
         from transformers import AutoConfig, AutoModel
 
+        t1 = time.perf_counter()
         dtype = resolve_dtype(self.args, device)
         if self.args.load_format == "dummy":
             logger.warning(
@@ -118,7 +121,16 @@ class EmbeddingAdapter:
             model = AutoModel.from_config(config)
         else:
             model = AutoModel.from_pretrained(str(self.model_dir), use_safetensors=None)
+        t2 = time.perf_counter()
         self.model = model.to(device=device, dtype=dtype).eval()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        # Where the weights phase goes (the report's weights_phases_s).
+        self.setup_phases_s = {
+            "import": round(t1 - t0, 3),
+            "build": round(t2 - t1, 3),
+            "to_device": round(time.perf_counter() - t2, 3),
+        }
         self.device = device
         self.dim = int(model.config.hidden_size)
         self.max_positions = int(getattr(model.config, "max_position_embeddings", self.max_tokens))

@@ -5,8 +5,8 @@ For ResNet-50 and MiniLM (fp16, random weights, as the replica loads them with
 and token lengths, some inside the captured buckets and some past them, are compared with the
 same batches run eagerly. Batches run one after another, so each replay starts from the stale
 rows of the one before. A test captures under a tight cap and checks that the shapes that do
-not fit are skipped and the rest still serve. The last captures MiniLM within the start-up
-budget (1 s), then the rest one at a time while another thread reads CUDA's memory figures
+not fit are skipped and the rest still serve. The last captures MiniLM within a start-up
+budget (0.1 s), then the rest one at a time while another thread reads CUDA's memory figures
 (as a serving replica's report does), and records the times and the pool's growth in
 ``cuda_graphs_deferred.json`` under ``$SERVE_APP_RESULTS_DIR``.
 
@@ -138,7 +138,9 @@ def test_capture_within_the_startup_budget_then_the_rest_while_serving(
         parse_args({"adapter": "embeddings", "load_format": "dummy", "dtype": "float16"})
     )
     adapter.setup(DEVICE)
-    budget_s = 1.0
+    # All 80 MiniLM graphs took 0.85 s on the H200 (so the default budget, 1 s, rarely defers
+    # any): a tenth of a second leaves most of them for later.
+    budget_s = 0.1
     t0 = time.perf_counter()
     graphs = adapter.capture_graphs(GRAPH_MAX, budget_s)
     startup_s = time.perf_counter() - t0

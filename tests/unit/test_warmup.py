@@ -76,11 +76,45 @@ def test_warm_up_skips_sizes_that_run_out_of_memory(monkeypatch, caplog) -> None
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
     adapter, part = _OomAbove(limit=8), _FakePartition()
-    warm_up(adapter, part, 32)  # type: ignore[arg-type]
-    # 1, 2, 4 run for each of the two "lengths"; 8 fails once and 8+ are never tried again
-    assert adapter.ran == [1, 2, 4, 1, 2, 4]
-    assert part.frees == 2  # once after the OOM, once at the end
+    warm = warm_up(adapter, part, 32)  # type: ignore[arg-type]
+    # smallest first: 1, 2, 4 twice each; 8 fails once and 8+ are never tried again
+    assert adapter.ran == [1, 1, 2, 2, 4, 4]
+    assert warm.describe()["ran"] == 6 and warm.too_big == 8 and not warm.pending
+    assert part.frees >= 2  # after the OOM, and at the end
     assert "batches of 8 inputs ran out of memory" in caplog.text
+
+
+class _Slow(_OomAbove):
+    def predict(self, batch: list[int]) -> list[int]:
+        import time
+
+        time.sleep(0.02)
+        return super().predict(batch)
+
+
+def test_warm_up_stops_at_its_budget_and_the_rest_runs_step_by_step(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    adapter, part = _Slow(limit=1000), _FakePartition()
+    warm = warm_up(adapter, part, 32, budget_s=0.07)  # type: ignore[arg-type]
+    # 0.02 s or more each: at most 3 fit, the smallest first
+    assert 1 <= len(adapter.ran) <= 3 and adapter.ran == [1, 1, 2][: len(adapter.ran)]
+    left = len(warm.pending)
+    assert left == 12 - len(adapter.ran)
+    steps = [warm.step() for _ in range(left)]
+    assert steps == [True] * (left - 1) + [False]
+    assert adapter.ran == [1, 1, 2, 2, 4, 4, 8, 8, 16, 16, 32, 32]
+    assert warm.step() is False  # nothing left: a no-op
+
+
+def test_embedding_warmup_runs_smallest_shapes_first() -> None:
+    from serve_app.startup import WarmUp
+
+    adapter = EmbeddingAdapter(parse_args({"adapter": "embeddings"}))
+    adapter.setup(torch.device("cpu"))
+    warm = WarmUp(adapter, _FakePartition(), 16)  # type: ignore[arg-type]
+    sizes = [len(b) * len(b[0]) for b in warm.pending]
+    assert sizes == sorted(sizes) and len(sizes) == len(adapter.warmup_batches(16))
 
 
 class _BadWeights(_OomAbove):
