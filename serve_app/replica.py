@@ -84,7 +84,10 @@ class ModelServer:
         self.warmup = started.warmup  # its batches left pending run between batches
         self.startup_phases_s = started.phases_s
         self._process_started_s = started.process_started_s
+        self._imports_started_s = started.imports_started_s
         self.first_request_s: float | None = None  # process start to the first answer
+        # the start of serve_app's import (the replica's own start) to the first answer
+        self.first_request_since_imports_s: float | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
         self._served_by = {"x-serve-app-replica": self.replica_id}
         self._api_keys = ApiKeys(env.api_keys())  # from the environment, never the config
@@ -308,7 +311,9 @@ class ModelServer:
                 )
         response = json_response(self.adapter.encode(results, decoded), headers=self._served_by)
         if self.first_request_s is None:
-            self.first_request_s = round(time.time() - self._process_started_s, 3)
+            now = time.time()
+            self.first_request_s = round(now - self._process_started_s, 3)
+            self.first_request_since_imports_s = round(now - self._imports_started_s, 3)
             logger.info(
                 "first request answered %.2f s after the process started", self.first_request_s
             )
@@ -417,6 +422,9 @@ class ModelServer:
                 "startup_phases_s": self.startup_phases_s,
                 "weights_phases_s": getattr(self.adapter, "setup_phases_s", None),
                 "first_request_s": self.first_request_s,
+                "first_request_since_imports_s": self.first_request_since_imports_s,
+                "process_started_at_s": self._process_started_s,
+                "imports_started_at_s": self._imports_started_s,
                 "cuda_graphs": graphs["graphs"] if graphs else 0,
                 "cuda_graphs_at_start": graphs["graphs_at_start"] if graphs else 0,
                 "cuda_graphs_pending": graphs["pending"] if graphs else 0,

@@ -45,8 +45,11 @@ class Started:
             it on the first out-of-memory batch), or None.
         warmup: the warm-up, its batches left for between batches pending (``WarmUp``), or
             None when skipped.
-        phases_s: seconds of each phase of ``PHASES``, with ``process`` and ``total``.
+        phases_s: seconds of each phase of ``PHASES``, after ``process`` and ``imports``
+            (``PhaseTimer``), and ``total``.
         process_started_s: the process's start (epoch seconds).
+        imports_started_s: when the process began importing serve_app (epoch seconds): for a
+            replica in a worker Ray started ahead of time, when the worker was given it.
     """
 
     partition: Partition
@@ -59,6 +62,7 @@ class Started:
     warmup: WarmUp | None
     phases_s: dict[str, float]
     process_started_s: float
+    imports_started_s: float
 
 
 def start_replica(args: AppArgs, num_gpus: float) -> Started:
@@ -102,6 +106,7 @@ def start_replica(args: AppArgs, num_gpus: float) -> Started:
         warmup=warmup,
         phases_s=phases.done(),
         process_started_s=phases.process_started_s,
+        imports_started_s=phases.imports_started_s,
     )
 
 
@@ -187,15 +192,26 @@ def calibration_entry(
 
 
 class PhaseTimer:
-    """Wall-clock seconds of each named start-up phase, plus ``process`` (from the replica
-    process's start to the first phase: Ray's worker start-up and the imports)."""
+    """Wall-clock seconds of each named start-up phase, after two that come before them:
+    ``process``, from the worker process's start until it began importing serve_app, and
+    ``imports``, from then to the first phase (serve_app, torch, Ray Serve's replica code).
+
+    Ray starts idle workers ahead of time and hands one to a new actor, so ``process`` can
+    include time a worker waited before it was given this replica: it is Ray's worker start-up
+    at most, and the replica's own start begins with ``imports``."""
 
     def __init__(self) -> None:
         import psutil
 
+        from serve_app import IMPORTED_AT_S
+
         self.process_started_s = psutil.Process(os.getpid()).create_time()
-        since = round(time.time() - self.process_started_s, 3)
-        self.phases_s: dict[str, float] = {"process": since}
+        self.imports_started_s = max(IMPORTED_AT_S, self.process_started_s)
+        now = time.time()
+        self.phases_s: dict[str, float] = {
+            "process": round(self.imports_started_s - self.process_started_s, 3),
+            "imports": round(now - self.imports_started_s, 3),
+        }
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:

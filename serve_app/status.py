@@ -41,8 +41,10 @@ def _cell(key: str, value: Any) -> str:
 
 
 def startup_line(rep: dict[str, Any]) -> str | None:
-    """A replica's start-up phases in seconds, in order (``process``: Ray's worker start-up and
-    the imports), the calibration's source, and when the first request was answered."""
+    """A replica's start-up phases in seconds, in order (``process``: Ray's worker start-up,
+    or a worker started ahead of time waiting; ``imports``: the replica's own start), the
+    calibration's source, and when the first request was answered (from the process's start,
+    and from the imports)."""
     phases = rep.get("startup_phases_s")
     if not isinstance(phases, dict) or not phases:
         return None
@@ -54,6 +56,9 @@ def startup_line(rep: dict[str, Any]) -> str | None:
         parts.append(part)
     first = rep.get("first_request_s")
     first_text = "none yet" if first is None else f"{float(first):.2f}"
+    since_imports = rep.get("first_request_since_imports_s")
+    if first is not None and since_imports is not None:
+        first_text += f" ({float(since_imports):.2f} from the imports)"
     return (
         f"start-up {_cell('replica_id', rep.get('replica_id'))} (s): {', '.join(parts)}; "
         f"first request {first_text}"

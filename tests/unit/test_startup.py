@@ -25,7 +25,7 @@ def test_start_replica_on_the_cpu_runs_every_phase_in_order(monkeypatch) -> None
     monkeypatch.setattr(startup, "load_weights", load_weights)
     started = startup.start_replica(parse_args({"device": "cpu", "max_batch_size": 8}), 0.0)
     assert calls == ["partition", "weights"]
-    assert list(started.phases_s) == ["process", *startup.PHASES, "total"]
+    assert list(started.phases_s) == ["process", "imports", *startup.PHASES, "total"]
     assert all(v >= 0.0 for v in started.phases_s.values())
     assert started.partition.device.type == "cpu"
     assert started.batch_cap == 8
