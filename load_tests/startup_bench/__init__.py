@@ -28,15 +28,17 @@ closed-loop load from 4 clients. Each repeat SIGKILLs one replica that HAProxy h
 
 - ``replacement_s``: from just before the kill to the end of the first request answered by a
   replica id not seen before the kill;
-- ``replacement_up_s``: to the first HAProxy poll (every 0.2 s) with that new replica UP.
+- ``replacement_up_s``: to the first HAProxy poll (every 0.2 s) with that new replica UP (so
+  up to 0.2 s late: it can come after ``replacement_s``).
 
 The next kill waits until the deployment is whole again (faults.wait_whole).
 
 ``decision`` (rows ``decision``): in the same cluster, an autoscaling app with
 configs/controller.yaml's HeadroomPolicy settings from 1 to 4 replicas (2 on a CPU), cooldowns
-cut to 1 s up and 3 s down (rows.COOLDOWNS_S), ramped up under closed-loop load (16 clients; 8
-on a CPU). Every scale-up decision of a ramp is a row (1 -> 4 gives 3); then the load stops,
-the app scales back to 1, and the next ramp starts, until ``--repeats`` rows or the budget.
+cut to 1 s up and 3 s down and a 2 s load window (rows.COOLDOWNS_S, LOOK_BACK_PERIOD_S), ramped
+up under closed-loop load (16 clients; 8 on a CPU). Every scale-up decision of a ramp is a row
+(1 -> 4 gives 3); then the load stops, the app scales back to 1, and the next ramp starts, until
+``--repeats`` rows or the budget.
 ``decision_to_serving_s``, in epoch seconds (time.time) at both ends:
 
 - starts at the policy's decision: the time (1 ms) of its ``serve_app autoscale APP/model: a ->

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -84,14 +85,13 @@ def load_config(name: str) -> dict[str, Any]:
     return doc
 
 
-def git_commit() -> str | None:
+def git(*args: str) -> str | None:
+    """``git ARGS`` in the repository (its output), or None without git or a repository."""
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
-        )
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python -m load_tests.startup_bench", *(argv or sys.argv[1:])]),
         "args": {**vars(a), "out": str(a.out), "repeats": repeats, "budget_s": budget_s},
         "started_unix_s": time.time(),
-        "commit": git_commit(),
+        "host": platform.node(),
+        "commit": git("rev-parse", "HEAD"),
+        "uncommitted_changes": git("status", "--porcelain", "--untracked-files=no"),
         "machine": machine_info(),
         "cold_config": doc,
         "in_process": {"replicas": replicas, "actor_options": options, "app_args": args},

@@ -122,5 +122,9 @@ def cold_part(run: Run, doc: dict[str, Any], repeats: int, deadline: float, work
             return
         doc["http_options"]["port"] = launch.free_port()
         t0 = time.monotonic()
-        run.add(cold_once(doc, work, repeat, deadline))
+        row = cold_once(doc, work, repeat, deadline)
+        run.add(row)
+        if row["cold_ready_s"] is None:  # the next would most likely fail the same way
+            run.skipped.append(f"cold: repeats {repeat + 2}-{repeats} (repeat {repeat + 1} failed)")
+            return
         took_s = max(took_s, time.monotonic() - t0)

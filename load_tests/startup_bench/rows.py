@@ -32,8 +32,10 @@ REPORT_FIELDS = (
     "cuda_graphs",
     "cuda_graph_pool_bytes",
 )
-# The policy's cooldowns cut short so that a ramp's decisions come as fast as replicas start.
+# The policy's cooldowns and the load figure's window cut short, so that a ramp's decisions
+# come as fast as its replicas start and the ramp down soon after its load stops.
 COOLDOWNS_S = {"upscale_cooldown_s": 1, "downscale_cooldown_s": 3, "shed_cooldown_s": 1}
+LOOK_BACK_PERIOD_S = 2
 DECISION_LOG_TEXT = "serve_app autoscale "  # autoscale.HeadroomPolicy's line on every change
 _DECISION_LINE = re.compile(
     r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[,.](\d{3}) .*"
@@ -69,10 +71,10 @@ def cold_config(
 
 def autoscaling_config(controller_doc: dict[str, Any], max_replicas: int) -> dict[str, Any]:
     """configs/controller.yaml's autoscaling_config (HeadroomPolicy) from 1 to ``max_replicas``
-    replicas, with COOLDOWNS_S."""
+    replicas, with COOLDOWNS_S and LOOK_BACK_PERIOD_S."""
     dep = controller_doc["applications"][0]["deployments"][0]
     config = copy.deepcopy(dep["autoscaling_config"])
-    config.update(min_replicas=1, max_replicas=max_replicas)
+    config.update(min_replicas=1, max_replicas=max_replicas, look_back_period_s=LOOK_BACK_PERIOD_S)
     config["policy"]["policy_kwargs"].update(COOLDOWNS_S)
     return config
 

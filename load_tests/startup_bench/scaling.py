@@ -15,7 +15,7 @@ import httpx
 from load_tests.faults import APP, Load, Target, replica_pids, wait_whole
 from load_tests.gpu_faults import UpLog, pick_victim
 from load_tests.startup_bench.output import Run
-from load_tests.startup_bench.probes import reports, serving
+from load_tests.startup_bench.probes import POLL_S, reports, serving
 from load_tests.startup_bench.rows import (
     DECISION_LOG_TEXT,
     count_rows,
@@ -29,8 +29,19 @@ DECISION_APP = "startup-decision"
 REPLACEMENT_CLIENTS = 4
 FIRST_RAMP_GUESS_S = 30.0  # one ramp up and down, before one has been timed
 FIRST_KILL_GUESS_S = 20.0  # one kill until whole again, before one has been timed
+UP_LAG_S = 3.0
 
 # ---- replacement ---------------------------------------------------------------------------
+
+
+def up_since(ups: UpLog, known: set[str], since: float, deadline: float) -> list[float]:
+    """When replicas not in ``known`` were first seen UP after ``since``; waits for one until
+    ``deadline`` (UpLog polls every 0.2 s: the first answer can come before its poll)."""
+    while True:
+        new = [t for t, r in ups.new_replicas() if r not in known and t > since]
+        if new or time.monotonic() > deadline:
+            return new
+        time.sleep(POLL_S)
 
 
 def replacement_part(run: Run, target: Target, repeats: int, deadline: float) -> None:
@@ -54,7 +65,7 @@ def replacement_part(run: Run, target: Target, repeats: int, deadline: float) ->
             killed.add(rid)
             serving(load, known, 1, deadline)
             answers = [a for a in first_answers(load.snapshot(), known) if a[0] > kill_at]
-            new_up = [t for t, r in ups.new_replicas() if r not in known and t > kill_at]
+            new_up = up_since(ups, known, kill_at, min(deadline, time.monotonic() + UP_LAG_S))
             new = answers[0][1] if answers else None
             row_reports = reports(target.base, {new}, deadline) if new else []
             run.add(
@@ -123,13 +134,25 @@ def deploy_decision_app(
     _run(app, _blocking=False, name=DECISION_APP, route_prefix=f"/{DECISION_APP}")
 
 
+def running_ids(base: str) -> set[str]:
+    """The replicas answering now: one request's, and every recent memory report's."""
+    ids: set[str] = set()
+    try:
+        resp = httpx.post(f"{base}/v1/embeddings", json={"input": "x"}, timeout=30.0)
+        ids.add(resp.headers.get("x-serve-app-replica", ""))
+        ids |= set(replica_pids(Target(base, "")))
+    except (httpx.HTTPError, ValueError, KeyError):
+        pass
+    return ids - {""}
+
+
 def decision_ramp(
     run: Run, base: str, ramp: int, max_replicas: int, clients: int, deadline: float, seen: set[str]
 ) -> None:
     """One ramp from 1 replica to ``max_replicas`` under load; ``seen``: every replica id
     that answered before (a stopping one may still answer), updated."""
     url = f"{base}/v1/embeddings"
-    seen.add(httpx.post(url, json={"input": "x"}, timeout=30.0).headers["x-serve-app-replica"])
+    seen |= running_ids(base)
     known = set(seen)
     offset_s = time.time() - time.monotonic()
     ramp_start_s = time.time()
@@ -166,9 +189,10 @@ def decision_ramp(
             )
         )
     if len(answers) < max_replicas - 1:
+        last = [line.strip()[-300:] for line in controller_log_lines() if DECISION_APP in line]
         run.skipped.append(
             f"decision: ramp {ramp} reached {1 + len(answers)} of {max_replicas} replicas "
-            "serving before its deadline"
+            f"serving before its deadline; the policy's last lines: {last[-3:]}"
         )
 
 

@@ -83,6 +83,7 @@ def test_autoscaling_config_is_controller_yaml_with_short_cooldowns() -> None:
     assert kwargs["shed_cooldown_s"] == 1
     assert kwargs["safety_margin_bytes"] == 2 * GIB  # controller.yaml's
     assert got["metrics_interval_s"] == 0.25
+    assert got["look_back_period_s"] == 2
     original = doc["applications"][0]["deployments"][0]["autoscaling_config"]
     assert original["policy"]["policy_kwargs"]["upscale_cooldown_s"] == 30  # not mutated
     from serve_app.autoscale import validate_policy_kwargs
