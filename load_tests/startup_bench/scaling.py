@@ -58,8 +58,9 @@ def replacement_part(run: Run, target: Target, repeats: int, deadline: float) ->
                 run.skipped.append(f"replacement: repeats {repeat + 1}-{repeats} ({why})")
                 return
             rid, pid = victim
-            known = set(replica_pids(target)) | {r[4] for r in load.snapshot() if r[4]}
-            known |= {r for _, r in ups.new_replicas()} | ups.initial | killed
+            # Every replica that was ever in HAProxy or answered: a new one must be neither.
+            known = {r[4] for r in load.snapshot() if r[4]} | ups.initial | killed
+            known |= {r for _, r in ups.new_replicas()}
             kill_at = time.monotonic()
             os.kill(pid, signal.SIGKILL)
             killed.add(rid)
@@ -86,10 +87,15 @@ def replacement_part(run: Run, target: Target, repeats: int, deadline: float) ->
 
 
 def deployment_counts() -> tuple[int, int]:
-    """(target, running) replicas of the decision app's deployment, from Serve's details."""
+    """(target, running) replicas of the decision app's deployment, from Serve's details;
+    (-1, -1) when they cannot be read."""
     from serve_app.readiness import deployment_health, serve_details
 
-    app = (serve_details().get("applications") or {}).get(DECISION_APP) or {}
+    try:
+        details = serve_details()
+    except Exception:  # noqa: BLE001 - a slow controller: the next poll asks again
+        return -1, -1
+    app = (details.get("applications") or {}).get(DECISION_APP) or {}
     dep = (app.get("deployments") or {}).get("model")
     if not dep:
         return 0, 0

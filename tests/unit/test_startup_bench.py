@@ -236,3 +236,18 @@ def test_cpu_rows_have_no_graph_pool_samples() -> None:
     data = [rows.make_row("replacement", 0, [report("a", None)], replacement_s=8.0)]
     g = rows.summarize(data)["graph_pool_bytes"]
     assert g["n"] == 0 and g["met"] is None
+
+
+def test_part_deadline_splits_what_is_left_by_weight() -> None:
+    from load_tests.gpu_faults import SHUTDOWN_RESERVE_S, Budget
+    from load_tests.startup_bench.cli import PART_WEIGHTS, part_deadline
+
+    parts = tuple(PART_WEIGHTS)
+    budget = Budget(100.0 + SHUTDOWN_RESERVE_S)
+    now = time.monotonic()
+    cold = part_deadline(budget, "cold", parts) - now
+    assert cold == pytest.approx(100.0 * PART_WEIGHTS["cold"], abs=0.5)
+    later = PART_WEIGHTS["replacement"] / (PART_WEIGHTS["replacement"] + PART_WEIGHTS["decision"])
+    assert part_deadline(budget, "replacement", parts) - now == pytest.approx(100 * later, abs=0.5)
+    assert part_deadline(budget, "decision", parts) - now == pytest.approx(100.0, abs=0.5)
+    assert part_deadline(budget, "decision", ("decision",)) - now == pytest.approx(100.0, abs=0.5)
