@@ -135,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": git("rev-parse", "HEAD"),
         "uncommitted_changes": git("status", "--porcelain", "--untracked-files=no"),
         "machine": machine_info(),
+        "work_dir": str(work),  # the cold starts' configs and CLI output, the NVML script
         "cold_config": doc,
         "in_process": {"replicas": replicas, "actor_options": options, "app_args": args},
         "decision": {"clients": clients, "autoscaling_config": autoscaling},
