@@ -95,9 +95,10 @@ def git(*args: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m load_tests.startup_bench", description=__doc__.split("\n")[0]
-    )
+    import load_tests.startup_bench as package
+
+    title = (package.__doc__ or "").split("\n")[0]
+    p = argparse.ArgumentParser(prog="python -m load_tests.startup_bench", description=title)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--quick", action="store_true", help="the CPU dry run: 2 repeats, 240 s")
     p.add_argument("--out", type=Path, default=Path("startup.json"))
