@@ -27,10 +27,17 @@ REPORT_FIELDS = (
     "replica_id",
     "gpu_mode",
     "startup_phases_s",
+    "weights_phases_s",
     "first_request_s",
+    "first_request_since_imports_s",
+    "imports_started_at_s",
     "calibration_source",
     "cuda_graphs",
+    "cuda_graphs_at_start",
+    "cuda_graphs_pending",
     "cuda_graph_pool_bytes",
+    "warmup_s",
+    "warmup_pending",
 )
 # The policy's cooldowns and the load figure's window cut short, so that a ramp's decisions
 # come as fast as its replicas start and the ramp down soon after its load stops.
