@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,6 +27,11 @@ from serve_app.errors import BadRequest, ConfigError
 from serve_app.graphs import GraphSet, bucket_for, graph_batch_sizes
 
 logger = logging.getLogger("serve_app")
+# serve_app loads models from local directories only (model_path, the packaged model, the
+# skeleton): transformers and huggingface_hub must never wait on the network for them. An
+# offline GPU host spent seconds per replica start somewhere in AutoTokenizer (suspected: hub
+# calls timing out); HF_HUB_OFFLINE=0 in the environment overrides this.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # Batches are padded to a multiple of this many tokens: fewer distinct shapes (each new one
 # costs a kernel load on first use) and tensor-core-friendly sizes.
@@ -65,18 +71,20 @@ class EmbeddingAdapter:
         st_cfg = _read_json(self.model_dir / "sentence_bert_config.json")
         pool_cfg = _read_json(self.model_dir / "1_Pooling" / "config.json")
         self.pooling = "cls" if pool_cfg.get("pooling_mode_cls_token") else "mean"
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
-        # The Rust tokenizer itself, without the transformers wrapper (15 us against 24 us for
-        # one short text), with the truncation and padding that tokenizer.json may carry
-        # switched off: a too-long input gets a 400, never a silent cut.
-        self._encoder = Tokenizer.from_str(self.tokenizer.backend_tokenizer.to_str())
+        # The Rust tokenizer itself, read from tokenizer.json, without transformers'
+        # AutoTokenizer: its import alone took most of the ~6.5 s an H200 replica spent
+        # constructing this adapter (15 us against 24 us for one short text, too), with the
+        # truncation and padding that tokenizer.json may carry switched off: a too-long input
+        # gets a 400, never a silent cut. tests/unit check it encodes as AutoTokenizer does.
+        tok_cfg = _read_json(self.model_dir / "tokenizer_config.json")
+        self._encoder = self._load_tokenizer()
         self._encoder.no_truncation()
         self._encoder.no_padding()
-        model_max = int(st_cfg.get("max_seq_length") or self.tokenizer.model_max_length)
+        model_max = int(st_cfg.get("max_seq_length") or tok_cfg.get("model_max_length") or 512)
         self.max_tokens = min(args.max_input_tokens or model_max, model_max)
-        self.pad_id = int(self.tokenizer.pad_token_id or 0)
+        self.pad_id = self._special_id(tok_cfg, "pad_token", 0)
+        self.cls_id = self._special_id(tok_cfg, "cls_token", 101)
+        self.sep_id = self._special_id(tok_cfg, "sep_token", 102)
         self.model: torch.nn.Module | None = None
         self.device = torch.device("cpu")
         self.dim = 0
@@ -84,6 +92,27 @@ class EmbeddingAdapter:
         self.graphs: GraphSet | None = None
         self._graph_sizes: list[int] = []
         self._graph_lengths: list[int] = []
+
+    def _load_tokenizer(self) -> Tokenizer:
+        """tokenizer.json; a model directory without one (a slow tokenizer's vocabulary only)
+        is converted by transformers' AutoTokenizer, which costs its import."""
+        path = self.model_dir / "tokenizer.json"
+        if path.is_file():
+            return Tokenizer.from_file(str(path))
+        logger.info("%s has no tokenizer.json: converting its tokenizer with transformers", path)
+        from transformers import AutoTokenizer
+
+        slow = AutoTokenizer.from_pretrained(str(self.model_dir))
+        return Tokenizer.from_str(slow.backend_tokenizer.to_str())
+
+    def _special_id(self, tok_cfg: dict[str, Any], name: str, default: int) -> int:
+        """The id of tokenizer_config.json's special token ``name`` (a string, or an added
+        token's {"content": ...}), or ``default`` when the config names none."""
+        token = tok_cfg.get(name)
+        if isinstance(token, dict):
+            token = token.get("content")
+        found = self._encoder.token_to_id(token) if isinstance(token, str) else None
+        return int(found) if found is not None else default
 
     def _resolve_dir(self) -> Path:
         if self.args.model_path:
@@ -240,8 +269,7 @@ class EmbeddingAdapter:
         }
 
     def worst_case_items(self, n: int) -> list[list[int]]:
-        cls_id = int(self.tokenizer.cls_token_id or 101)
-        sep_id = int(self.tokenizer.sep_token_id or 102)
+        cls_id, sep_id = self.cls_id, self.sep_id
         body = [1000] * (self.max_tokens - 2)
         return [[cls_id, *body, sep_id] for _ in range(n)]
 
