@@ -20,7 +20,7 @@ RAY_START_EST_S = (15.0, 8.0)  # (GPU, CPU)
 
 def serve_app_doc(model: str, replicas: int, cfg: Mapping[str, Any], port: int) -> dict:
     """configs/default.yaml (what ``serve-app run`` deploys) for ``model`` with dummy weights in
-    fp16, ``replicas`` replicas at ``stats.replica_share`` of the GPU; real defaults otherwise."""
+    fp16, ``replicas`` replicas at ``gpu_share`` of a GPU each; real defaults otherwise."""
     from serve_app.config import load_deploy_config
 
     doc = load_deploy_config(DEFAULT_CONFIG)
@@ -37,9 +37,17 @@ def serve_app_doc(model: str, replicas: int, cfg: Mapping[str, Any], port: int) 
     dep["num_replicas"] = replicas
     dep["ray_actor_options"] = {
         "num_cpus": stats.replica_cpus(replicas, len(cfg["server_cores"])),
-        "num_gpus": stats.replica_share(replicas),
+        "num_gpus": gpu_share(replicas, cfg),
     }
     return doc
+
+
+def gpu_share(replicas: int, cfg: Mapping[str, Any]) -> float:
+    """Each replica's num_gpus: ``--replica-share`` when given (Ray packs fractional replicas
+    onto one GPU before the next, so 4 x 0.25 on a two-GPU node is one GPU's worth), else the
+    share that fits all ``replicas`` on one GPU."""
+    share = cfg.get("replica_share")
+    return float(share) if share else stats.replica_share(replicas)
 
 
 def noop_doc(replicas: int, cfg: Mapping[str, Any], port: int) -> dict:
