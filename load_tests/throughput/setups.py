@@ -86,6 +86,23 @@ def job_payloads(job: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[Payload
     ]
 
 
+def client_payloads(cfg: Mapping[str, Any]) -> list[Payload]:
+    """The payloads whose client ceiling the run measures: those of the setups it serves, or
+    the models' when it serves none (``--phases client`` alone, e.g. with ``--merge`` to add
+    the ceilings to an earlier run's rows)."""
+    phases = set(cfg["phases"])
+    out = []
+    if "serve" in phases or not phases & {"serve", "noop"}:
+        out = [
+            model_payload(m, n, cfg["encoding_format"])
+            for m in cfg["models"]
+            for n in cfg["inputs_per_request"]
+        ]
+    if "noop" in phases:
+        out.append(noop_payload())
+    return out
+
+
 def measure_est_s(cfg: Mapping[str, Any]) -> float:
     """Seconds one payload's wrk tries and open-loop point take, with pauses and start-up."""
     d, pause = cfg["duration_s"], cfg["pause_s"]
@@ -105,10 +122,7 @@ def plan_estimate(cfg: Mapping[str, Any], jobs: list[dict[str, Any]]) -> dict[st
     budget (the rest will be skipped), for the log and meta.json."""
     cuda = cfg["device"] == "cuda"
     per_payload = measure_est_s(cfg)
-    n_payloads = (
-        len(cfg["models"]) * len(cfg["inputs_per_request"]) if "serve" in cfg["phases"] else 0
-    )
-    n_payloads += 1 if "noop" in cfg["phases"] else 0
+    n_payloads = len(client_payloads(cfg))
     est = {
         "ceiling_s": (10.0 + sum(len(b) for b in cfg["model_batches"].values()) * 2.0)
         if "ceiling" in cfg["phases"] and cuda

@@ -311,6 +311,21 @@ def test_replica_share_option_sets_every_replicas_gpu_share() -> None:
         make_config(parser.parse_args(["--out", "/tmp/x", "--replica-share", "1.5"]), parser)
 
 
+def test_client_payloads_follow_the_served_setups_or_the_models_alone() -> None:
+    from load_tests.throughput.setups import client_payloads
+
+    cfg = {"models": ["minilm"], "inputs_per_request": [64, 1], "encoding_format": "float"}
+    keys = {
+        phases: [p.key for p in client_payloads(dict(cfg, phases=phases.split(",")))]
+        for phases in ("client,serve,noop", "client,noop", "client")
+    }
+    assert keys == {
+        "client,serve,noop": ["minilm-x64-float", "minilm-x1-float", "noop"],
+        "client,noop": ["noop"],
+        "client": ["minilm-x64-float", "minilm-x1-float"],  # added to an earlier run's rows
+    }
+
+
 def test_noop_doc_validates_as_a_serve_config() -> None:
     from ray.serve.schema import ServeDeploySchema
 
