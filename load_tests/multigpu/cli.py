@@ -22,7 +22,7 @@ from load_tests.side_by_side.util import _error, log, machine_info, set_t0
 
 # Most valuable first: the two-GPU speedup, then the per-GPU grab, then placement.
 PARTS: tuple[str, ...] = ("throughput", "grab", "placement")
-WEIGHTS = {"throughput": 0.5, "grab": 0.3, "placement": 0.2}
+WEIGHTS = {"throughput": 0.55, "grab": 0.28, "placement": 0.17}
 FINAL_RESERVE_S = 10.0  # the summary, after the last part
 # Per device: (GPU host, CPU dry run).
 MIN_S = {"throughput": (120.0, 60.0), "grab": (70.0, 60.0), "placement": (45.0, 40.0)}
@@ -41,10 +41,10 @@ def settings(device: str, quick: bool) -> dict[str, Any]:
         # grab
         "grab_per_gpu": 2 if cpu else 4,
         "grab_clients": 3 if cpu else 16,
-        "steady_s": 5.0 if cpu or quick else 10.0,
-        "hold_s": 12.0 if cpu or quick else 25.0,
+        "steady_s": 5.0 if cpu or quick else 8.0,
+        "hold_s": 12.0 if cpu or quick else 20.0,
         "keep_free_gib": 1.0,  # under controller.yaml's 2 GiB margin
-        "release_s": 25.0 if cpu or quick else 30.0,
+        "release_s": 25.0,
         # placement
         "placement_clients": 2 if cpu else 4,
         "placement_load_s": 6.0 if cpu or quick else 10.0,
@@ -316,9 +316,10 @@ def part_summary(name: str, out_dir: Path) -> dict[str, Any]:
     file = "grab_timeline.json" if name == "grab" else "placement.json"
     got = _read(out_dir / file) or {}
     keys = {
-        "grab": ("status", "verdict", "grab", "load", "deployed_s", "nodes_up_s", "plot"),
+        "grab": ("status", "reason", "verdict", "grab", "load", "deployed_s", "nodes_up_s"),
         "placement": (
             "status",
+            "reason",
             "replicas_by_gpu",
             "all_budgets_within_total",
             "budget_violations",
@@ -327,6 +328,10 @@ def part_summary(name: str, out_dir: Path) -> dict[str, Any]:
         ),
     }[name]
     out = {k: got.get(k) for k in keys}
+    if name == "placement":
+        out["by_gpu"] = [
+            {k: v for k, v in r.items() if k != "replica_detail"} for r in got.get("by_gpu") or []
+        ]
     out["status"] = out["status"] or "error"
     out["file"] = file
     out["errors"] = [e.get("error") for e in got.get("errors", [])]

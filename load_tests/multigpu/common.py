@@ -13,6 +13,7 @@ from typing import Any
 
 from load_tests.faults import Load
 from load_tests.side_by_side.constants import ROOT
+from load_tests.side_by_side.util import _error
 from load_tests.throughput.workers import Worker, wait_worker
 
 GIB = 1 << 30
@@ -38,6 +39,17 @@ def fake_nvml_doc(free_by_gpu: dict[str, int] | None = None) -> dict[str, Any]:
             }
             for u in FAKE_GPUS
         }
+    }
+
+
+def failed(exc: BaseException) -> dict[str, Any]:
+    """A part's status, reason and error for an exception: ``partial`` when its time ran out
+    (a TimeoutError, or SIGTERM at its hard deadline), else ``error``."""
+    out_of_time = isinstance(exc, TimeoutError | SystemExit | KeyboardInterrupt)
+    return {
+        "status": "partial" if out_of_time else "error",
+        "reason": f"{type(exc).__name__}: {str(exc)[:500]}",
+        "errors": [_error(exc)],
     }
 
 

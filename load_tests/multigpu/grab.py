@@ -43,6 +43,7 @@ from load_tests.multigpu.common import (
     FAKE_TOTAL_BYTES,
     GIB,
     NODE_LABEL,
+    failed,
     fake_nvml_doc,
     start_load,
     stop_load,
@@ -50,7 +51,7 @@ from load_tests.multigpu.common import (
 )
 from load_tests.multigpu.timeline import SAMPLE_PERIOD_S, Timeline, plot, running_count
 from load_tests.side_by_side.constants import ROOT
-from load_tests.side_by_side.util import _error, log
+from load_tests.side_by_side.util import log
 
 CONFIG = ROOT / "configs" / "controller.yaml"
 # The file's cooldowns (30 s up, 10 s shed) and one-replica steps would not show a scale-up, a
@@ -211,6 +212,19 @@ class Cluster:
         kill_matching(str(self.scratch))
 
 
+def controller_log(ray_dir: Path, limit: int = 300) -> list[str]:
+    """The policy's decision lines ("serve_app autoscale gpuN/model: a -> b (reason)") from the
+    Serve controller's log, on the head node."""
+    lines: list[str] = []
+    for path in sorted(ray_dir.glob("session_*/logs/serve/controller_*.log")):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        lines += [line.strip() for line in text.splitlines() if "serve_app autoscale gpu" in line]
+    return lines[-limit:]
+
+
 def _wait(what: str, ok: Any, until: float, every_s: float = 0.5) -> bool:
     while time.time() < until:
         try:
@@ -307,8 +321,8 @@ def grab_worker(spec: dict[str, Any]) -> None:
         need_s = spec["steady_s"] + spec["hold_s"] + 12.0
         if len(loads) < len(gpus) or not _wait("all replicas", all_running, deadline - need_s):
             raise TimeoutError(
-                f"{per_gpu} replicas per GPU were not running with {need_s:.0f} s of the "
-                "part's time left for the grab"
+                f"time budget: {per_gpu} replicas per GPU were not running with {need_s:.0f} s "
+                "of the part's time left for the grab"
             )
         cluster.remember_children()
         doc["deployed_s"] = round(timeline.now(), 1)
@@ -322,7 +336,7 @@ def grab_worker(spec: dict[str, Any]) -> None:
         else:
             grab = ScriptedGrab(script, gpus[1], keep, hold_s)
         grab.start()
-        grab.wait(hold_s + 60.0)
+        grab.wait(max(1.0, min(hold_s + 30.0, deadline - time.time())))
         doc["grab"] = grab.report
         timeline.phase("released")
         _wait(
@@ -338,9 +352,8 @@ def grab_worker(spec: dict[str, Any]) -> None:
         timeline.phase("end")
         doc["status"] = "ok"
     except BaseException as exc:  # noqa: BLE001 - SIGTERM arrives as SystemExit; recorded
-        doc["status"] = "error"
-        doc["errors"].append(_error(exc))
-        log(f"grab FAILED: {type(exc).__name__}: {str(exc)[:500]}")
+        doc.update(failed(exc))
+        log(f"grab: {doc['status']}: {type(exc).__name__}: {str(exc)[:500]}")
     finally:
         for load in loads.values():
             stop_load(load, timeout_s=5.0)
@@ -355,6 +368,11 @@ def grab_worker(spec: dict[str, Any]) -> None:
             if u in loads
         }
         doc["verdict"] = rows.grab_verdict(doc["samples"], gpus[1], gpus[0], per_gpu)
+        doc["controller_log"] = controller_log(scratch / "ray")
+        # A shed decision lasts until the next policy run (0.1 s): the log has every one.
+        doc["verdict"]["shed_in_controller_log"] = any(
+            "gpu1/" in line and "shed_memory_pressure" in line for line in doc["controller_log"]
+        )
         write_json_atomic(path, doc)
         plot(doc, out_dir / "grab_timeline.png")
         try:

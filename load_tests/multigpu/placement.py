@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 
 from load_tests.multigpu import rows
-from load_tests.multigpu.common import start_load, stop_load, write_json_atomic
-from load_tests.side_by_side.util import _error, log
+from load_tests.multigpu.common import failed, start_load, stop_load, write_json_atomic
+from load_tests.side_by_side.util import log
 from serve_app.nvml import FAKE_NVML_VAR
 
 REPLICAS = 6
@@ -102,7 +102,7 @@ def placement_worker(spec: dict[str, Any]) -> None:
         finally:
             stop_load(load)
             memory_log = sampler.stop()
-        lost, failed, statuses = load.tally()
+        lost, refused, statuses = load.tally()
         memory = httpx.get(f"{target.base}/v1/memory", timeout=30.0).json()
         doc.update(
             load={
@@ -110,7 +110,7 @@ def placement_worker(spec: dict[str, Any]) -> None:
                 "clients": spec["clients"],
                 "sent": len(load.results),
                 "lost": lost,
-                "failed": failed,
+                "failed": refused,
                 "statuses": statuses,
             },
             gpus=memory.get("gpus"),
@@ -127,12 +127,11 @@ def placement_worker(spec: dict[str, Any]) -> None:
         log(
             f"placement: replicas by GPU {doc['replicas_by_gpu']}, budgets within total "
             f"{doc['all_budgets_within_total']}, violations {doc['budget_violations']}, "
-            f"load sent {len(load.results)} lost {lost} failed {failed}"
+            f"load sent {len(load.results)} lost {lost} failed {refused}"
         )
     except BaseException as exc:  # noqa: BLE001 - SIGTERM arrives as SystemExit; recorded
-        doc["status"] = "error"
-        doc["errors"].append(_error(exc))
-        log(f"placement FAILED: {type(exc).__name__}: {str(exc)[:500]}")
+        doc.update(failed(exc))
+        log(f"placement: {doc['status']}: {type(exc).__name__}: {str(exc)[:500]}")
     finally:
         write_json_atomic(out, doc)
         try:

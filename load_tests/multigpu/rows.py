@@ -189,21 +189,22 @@ def speedup(
 ) -> list[dict[str, Any]]:
     """Texts/s on two GPUs against one, per inputs per request, from throughput.json's wrk rows
     of serve_app (the closed-loop maximum); None where a side was not measured."""
-    best: dict[tuple[int, int], float] = {}
+    best: dict[tuple[int, int], Mapping[str, Any]] = {}
     for r in rows:
         if r.get("setup") != "serve_app" or r.get("client") != "wrk" or r.get("status") != "ok":
             continue
         if r.get("items_per_s") is None or r.get("inputs_per_request") is None:
             continue
-        best[(int(r["replicas"]), int(r["inputs_per_request"]))] = float(r["items_per_s"])
+        best[(int(r["replicas"]), int(r["inputs_per_request"]))] = r
     per_request = sorted(
         {int(r["inputs_per_request"]) for r in rows if r.get("setup") == "serve_app"},
         reverse=True,
     )
     out = []
     for n in per_request:
-        one = best.get((one_gpu_replicas, n))
-        two = best.get((two_gpu_replicas, n))
+        one_row, two_row = best.get((one_gpu_replicas, n)), best.get((two_gpu_replicas, n))
+        one = float(one_row["items_per_s"]) if one_row else None
+        two = float(two_row["items_per_s"]) if two_row else None
         ratio = round(two / one, 3) if one and two is not None else None
         out.append(
             {
@@ -214,6 +215,9 @@ def speedup(
                 "two_gpu_texts_per_s": None if two is None else round(two, 1),
                 "speedup": ratio,
                 "wanted": SPEEDUP_WANTED if n > 1 else None,
+                # wrk's own ceiling against the no-op over what it measured on two GPUs (filled
+                # once the clients' ceiling is measured): under 3 the client may be the limit
+                "two_gpu_client_headroom": two_row.get("client_headroom") if two_row else None,
             }
         )
     return out

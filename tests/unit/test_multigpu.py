@@ -175,7 +175,7 @@ def tp_row(replicas: int, n: int, items: float | None, client: str = "wrk", **kw
 def test_speedup_two_gpus_against_one_from_the_wrk_rows() -> None:
     table = [
         tp_row(4, 64, 40_000.0, budget_violations=0, nvml_samples=100),
-        tp_row(8, 64, 78_000.0, budget_violations=2, nvml_samples=200),
+        tp_row(8, 64, 78_000.0, budget_violations=2, nvml_samples=200, client_headroom=4.5),
         tp_row(8, 64, 99_999.0, client="open-loop"),  # not the closed-loop maximum
         tp_row(4, 1, 2_700.0),
         tp_row(8, 1, None, status="skipped"),
@@ -187,6 +187,7 @@ def test_speedup_two_gpus_against_one_from_the_wrk_rows() -> None:
         (1, None, None),
     ]
     assert (got[0]["one_gpu_texts_per_s"], got[0]["two_gpu_texts_per_s"]) == (40_000.0, 78_000.0)
+    assert (got[0]["two_gpu_client_headroom"], got[1]["two_gpu_client_headroom"]) == (4.5, None)
     assert rows.violations_total(table) == {"budget_violations": 2, "nvml_samples": 300}
     assert rows.violations_total([tp_row(4, 1, 1.0)]) == {
         "budget_violations": None,
