@@ -9,6 +9,7 @@ included. ``stop_group`` ends a node's process group and every process it was se
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -24,10 +25,17 @@ ROOT = Path(__file__).resolve().parents[1]
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
 
 
-def ray_cli() -> str | None:
-    """The ``ray`` CLI of this interpreter's environment, else one on PATH."""
+def ray_cli() -> list[str] | None:
+    """The ``ray`` CLI of this interpreter's environment, else one on PATH, else the same CLI
+    through this interpreter (``pip install --target`` puts the script where neither looks, as
+    on the GPU host); None when Ray is not installed."""
     beside = Path(sys.executable).with_name("ray")
-    return str(beside) if beside.exists() else shutil.which("ray")
+    found = str(beside) if beside.exists() else shutil.which("ray")
+    if found:
+        return [found]
+    if importlib.util.find_spec("ray") is None:
+        return None
+    return [sys.executable, "-m", "ray.scripts.scripts"]
 
 
 def node_env(extra: Mapping[str, str]) -> dict[str, str]:
@@ -49,7 +57,7 @@ def node_env(extra: Mapping[str, str]) -> dict[str, str]:
 
 
 def node_command(
-    cli: str,
+    cli: Sequence[str],
     *,
     num_cpus: float,
     num_gpus: int,
@@ -61,7 +69,7 @@ def node_command(
     """``ray start --block`` for a head (``head_port``) or a worker (``address``) on 127.0.0.1."""
     if (head_port is None) == (address is None):
         raise ValueError("give head_port for a head or address for a worker, not both")
-    cmd = [cli, "start"]
+    cmd = [*cli, "start"]
     if head_port is not None:
         cmd += ["--head", "--port", str(head_port), "--include-dashboard", "false"]
         cmd += ["--ray-client-server-port", str(launch.free_port())]
@@ -85,7 +93,7 @@ def start_node(cmd: Sequence[str], env: Mapping[str, str], log: Path) -> subproc
         )
 
 
-def wait_nodes(cli: str, address: str, env: Mapping[str, str], want: int, timeout_s: float) -> list:
+def wait_nodes(address: str, env: Mapping[str, str], want: int, timeout_s: float) -> list[str]:
     """The IDs of the alive nodes once there are ``want`` of them; TimeoutError after
     ``timeout_s`` (with the probe's last output)."""
     probe = (

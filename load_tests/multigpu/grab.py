@@ -194,7 +194,7 @@ class Cluster:
             log_path = self.scratch / f"node{i}.log"
             self.procs.append(ray_nodes.start_node(cmd, self.envs[i], log_path))
             left = timeout_s - (time.monotonic() - t0)
-            self.node_ids = ray_nodes.wait_nodes(self.cli, self.address, self.envs[0], i + 1, left)
+            self.node_ids = ray_nodes.wait_nodes(self.address, self.envs[0], i + 1, left)
         return time.monotonic() - t0
 
     def remember_children(self) -> None:

@@ -107,9 +107,9 @@ def _node_env(script: Path, side_ports: dict[str, str]) -> dict[str, str]:
     return ray_nodes.node_env({"SERVE_APP_FAKE_NVML": str(script), **side_ports})
 
 
-def _wait_nodes(cli: str, address: str, env: dict[str, str], want: int) -> list[str]:
+def _wait_nodes(address: str, env: dict[str, str], want: int) -> list[str]:
     try:
-        return ray_nodes.wait_nodes(cli, address, env, want, START_TIMEOUT_S)
+        return ray_nodes.wait_nodes(address, env, want, START_TIMEOUT_S)
     except TimeoutError as exc:
         pytest.fail(str(exc))
     return []
@@ -138,13 +138,13 @@ def two_nodes() -> Iterator[TwoNodes]:
     known: dict[int, list[int]] = {}
     node_ids: list[str] = []
     try:
-        _wait_nodes(cli, address, head_env, 1)
+        _wait_nodes(address, head_env, 1)
         worker = ray_nodes.start_node(
             ray_nodes.node_command(cli, num_cpus=1, num_gpus=1, address=address),
             worker_env,
             tmp / "worker.log",
         )
-        node_ids = _wait_nodes(cli, address, head_env, 2)
+        node_ids = _wait_nodes(address, head_env, 2)
         started_s = time.monotonic() - t0
         deploy = subprocess.run(
             [sys.executable, "-c", DRIVER, address, json.dumps(serve_config(http_port))],
