@@ -328,6 +328,9 @@ def part_summary(name: str, out_dir: Path) -> dict[str, Any]:
         ),
     }[name]
     out = {k: got.get(k) for k in keys}
+    if name == "grab":
+        out["phases"] = got.get("phases")
+        out["transitions"] = rows.transitions(got.get("samples") or [])
     if name == "placement":
         out["by_gpu"] = [
             {k: v for k, v in r.items() if k != "replica_detail"} for r in got.get("by_gpu") or []

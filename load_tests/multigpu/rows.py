@@ -112,10 +112,13 @@ def grab_sample(
     free_by_gpu: Mapping[str, int],
     by_app: Mapping[str, Mapping[str, int]],
     by_answering_gpu: Mapping[str, Mapping[str, int]],
+    answered_elsewhere: int = 0,
 ) -> dict[str, Any]:
     """One sample of the grab timeline; ``by_app``: counts of the requests sent to each GPU's
-    application (ok/failed/lost), ``by_answering_gpu``: the same answers by who served them.
-    The keys load_tests/plot_timeline.py draws are filled as totals, and per GPU beside them."""
+    application (ok/failed/lost), ``by_answering_gpu``: the same answers by who served them,
+    ``answered_elsewhere``: answers of a GPU's application from a replica on another GPU (the
+    pinning failed). The keys load_tests/plot_timeline.py draws are filled as totals, and per
+    GPU beside them."""
     dt = max(dt_s, 1e-3)
     errors = {u: c.get("failed", 0) + c.get("lost", 0) for u, c in by_app.items()}
     ok = {u: c.get("ok", 0) for u, c in by_app.items()}
@@ -136,6 +139,7 @@ def grab_sample(
         "errors_by_gpu": errors,
         "errors_per_s_by_gpu": {u: round(n / dt, 1) for u, n in errors.items()},
         "answers_by_answering_gpu": {u: dict(c) for u, c in by_answering_gpu.items()},
+        "answered_elsewhere": answered_elsewhere,
     }
 
 
@@ -147,7 +151,7 @@ def grab_verdict(
     from_phase: str = "steady",
 ) -> dict[str, Any]:
     """What the grab timeline shows, from ``from_phase`` on: the fewest replicas each GPU ran,
-    the errors of each GPU's application, answers served by the wrong GPU, whether the
+    the errors of each GPU's application, answers served from the other GPU, whether the
     controller shed on the grabbed GPU, and the issue's expectation (only the grabbed GPU
     sheds; the spared one serves with 0 errors)."""
     phases = [s.get("phase") for s in samples]
@@ -161,11 +165,7 @@ def grab_verdict(
     def errors(uuid: str) -> int:
         return sum(int(s["errors_by_gpu"].get(uuid, 0)) for s in window)
 
-    wrong = 0
-    for s in window:
-        for gpu, counts in s.get("answers_by_answering_gpu", {}).items():
-            if gpu not in (grabbed, spared, UNATTRIBUTED):
-                wrong += sum(counts.values())
+    wrong = sum(int(s.get("answered_elsewhere", 0)) for s in window)
     shed_seen = any(
         s.get("controller_reason_by_gpu", {}).get(grabbed) == "shed_memory_pressure" for s in window
     )
@@ -182,6 +182,25 @@ def grab_verdict(
         and low_spared >= replicas_per_gpu,
         "spared_gpu_errors_zero": bool(window) and errors(spared) == 0,
     }
+
+
+def transitions(samples: Sequence[Mapping[str, Any]], limit: int = 80) -> list[dict[str, Any]]:
+    """The samples where a GPU's running replicas, controller target or reason changed (the
+    first ``limit``), with each GPU's free GiB then: the timeline in a few lines."""
+    keys = ("replicas_by_gpu", "controller_target_by_gpu", "controller_reason_by_gpu")
+    out: list[dict[str, Any]] = []
+    last: tuple[Any, ...] | None = None
+    for s in samples:
+        now = tuple(tuple(sorted((s.get(k) or {}).items())) for k in keys)
+        if now == last:
+            continue
+        last = now
+        free = {u: round(b / (1 << 30), 2) for u, b in (s.get("gpu_free_bytes") or {}).items()}
+        out.append({"t_s": s.get("t_s"), "phase": s.get("phase")} | {k: s.get(k) for k in keys})
+        out[-1]["gpu_free_gib"] = free
+        if len(out) >= limit:
+            break
+    return out
 
 
 def speedup(

@@ -113,6 +113,7 @@ class Timeline:
             free = {d.uuid: d.free_bytes for d in devices}
         by_app: dict[str, dict[str, int]] = {}
         by_answering: dict[str, dict[str, int]] = {}
+        elsewhere = 0
         for uuid, load in list(self.loads.items()):  # the driver adds loads as apps answer
             new = load.snapshot()[self._seen[uuid] :]
             self._seen[uuid] += len(new)
@@ -122,6 +123,8 @@ class Timeline:
                 into = by_answering.setdefault(gpu, dict(ZERO))
                 for k, v in c.items():
                     into[k] += v
+                if gpu not in (uuid, rows.UNATTRIBUTED):
+                    elsewhere += sum(c.values())
         sample = rows.grab_sample(
             t_s=t,
             dt_s=t - self._last_t if self._last_t else SAMPLE_PERIOD_S,
@@ -132,6 +135,7 @@ class Timeline:
             free_by_gpu={u: free[u] for u in self.apps if u in free},
             by_app=by_app,
             by_answering_gpu=by_answering,
+            answered_elsewhere=elsewhere,
         )
         self._last_t = t
         return sample

@@ -105,7 +105,9 @@ def test_answers_by_gpu_split_by_the_replica_that_answered() -> None:
     }
 
 
-def sample(phase: str, a: int, b: int, errors_a: int = 0, reason_b: str | None = None) -> dict:
+def sample(
+    phase: str, a: int, b: int, errors_a: int = 0, reason_b: str | None = None, elsewhere: int = 0
+) -> dict:
     return rows.grab_sample(
         t_s=1.0,
         dt_s=0.5,
@@ -116,6 +118,7 @@ def sample(phase: str, a: int, b: int, errors_a: int = 0, reason_b: str | None =
         free_by_gpu={A: 70 * GIB, B: GIB},
         by_app={A: {"ok": 10, "failed": errors_a, "lost": 0}, B: {"ok": 4, "failed": 0, "lost": 1}},
         by_answering_gpu={A: {"ok": 10, "failed": 0, "lost": 0}},
+        answered_elsewhere=elsewhere,
     )
 
 
@@ -154,10 +157,29 @@ def test_grab_verdict_only_the_grabbed_gpu_shed_and_the_spared_one_without_error
     assert v["errors_by_gpu"] == {B: 3, A: 0}
     assert v["only_grabbed_gpu_shed"] and v["spared_gpu_errors_zero"] and v["shed_decision_seen"]
     assert v["answers_from_other_gpus"] == 0
-    bad = [sample("steady", 4, 4), sample("grab", 3, 3, errors_a=2)]
+    bad = [sample("steady", 4, 4), sample("grab", 3, 3, errors_a=2, elsewhere=7)]
     v = rows.grab_verdict(bad, grabbed=B, spared=A, replicas_per_gpu=4)
     assert not v["only_grabbed_gpu_shed"] and not v["spared_gpu_errors_zero"]
+    assert v["answers_from_other_gpus"] == 7  # a GPU's application answered from the other
     assert not rows.grab_verdict([sample("deploy", 4, 4)], B, A, 4)["spared_gpu_errors_zero"]
+
+
+def test_transitions_keep_the_samples_where_replicas_targets_or_reasons_change() -> None:
+    samples = [
+        sample("steady", 4, 4),
+        sample("steady", 4, 4),  # free bytes and load change all the time: not a transition
+        sample("grab", 4, 3, reason_b="shed_memory_pressure"),
+        sample("grab", 4, 3, reason_b="shed_memory_pressure"),
+        sample("released", 4, 4),
+    ]
+    got = rows.transitions(samples)
+    assert [(t["phase"], t["replicas_by_gpu"][B]) for t in got] == [
+        ("steady", 4),
+        ("grab", 3),
+        ("released", 4),
+    ]
+    assert got[0]["gpu_free_gib"] == {A: 70.0, B: 1.0}
+    assert len(rows.transitions(samples, limit=2)) == 2
 
 
 def tp_row(replicas: int, n: int, items: float | None, client: str = "wrk", **kw) -> dict:
