@@ -1,6 +1,6 @@
 """Two GPUs (issue #14), one command in three parts, each writing raw JSON under --out-dir:
 
-    python -m load_tests.multigpu --device cuda --out-dir $OUT/multigpu --budget-s 520
+    python -m load_tests.multigpu --device cuda --out-dir $OUT/multigpu --budget-s 500
     python -m load_tests.multigpu --device cpu --quick --out-dir /tmp/mg   # CPU dry run, <= 6 min
 
 1. ``throughput`` (throughput/, load_tests.throughput on one node with both GPUs): 4 MiniLM

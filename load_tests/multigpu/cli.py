@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--quick", action="store_true", help="short phases (the CPU dry run)")
     p.add_argument("--out-dir", type=Path, help="where the JSON goes (required)")
-    p.add_argument("--budget-s", type=float, default=None, help="wall clock (520; CPU 360)")
+    p.add_argument("--budget-s", type=float, default=None, help="wall clock (500; CPU 360)")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {PARTS}")
     p.add_argument("--wrk", default=DEFAULT_WRK, help="wrk binary (its libluajit beside it)")
     p.add_argument("--no-client-ceiling", action="store_true", help="skip the no-op ceiling")
@@ -200,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not parts or set(parts) - set(PARTS):
         parser.error(f"--parts {a.parts!r}: choose from {', '.join(PARTS)}")
     cpu = a.device == "cpu"
-    budget_s = a.budget_s or (360.0 if cpu else 520.0)
+    budget_s = a.budget_s or (360.0 if cpu else 500.0)
     t0 = time.time()
     set_t0(t0)
     end = t0 + budget_s - FINAL_RESERVE_S

@@ -237,13 +237,19 @@ def _wait(what: str, ok: Any, until: float, every_s: float = 0.5) -> bool:
     return False
 
 
+def _apps(gpus: list[str]) -> list[Any]:
+    from ray import serve
+
+    apps = serve.status().applications
+    return [apps[f"gpu{i}"] for i in range(len(gpus))]
+
+
 def _answers(url: str) -> bool:
     return httpx.post(url, json={"input": ["hello"]}, timeout=10.0).status_code == 200
 
 
 def grab_worker(spec: dict[str, Any]) -> None:
     import ray
-    from ray import serve
 
     from serve_app import launch
     from serve_app.config import check_deploy_config
@@ -312,18 +318,22 @@ def grab_worker(spec: dict[str, Any]) -> None:
                 loads[uuid] = start_load(url, spec["clients"])
 
         def all_running() -> bool:
-            apps = serve.status().applications
             return all(
-                running_count(apps[f"gpu{i}"].deployments["model"].replica_states) >= per_gpu
-                for i in range(len(gpus))
+                running_count(a.deployments["model"].replica_states) >= per_gpu for a in _apps(gpus)
             )
 
         need_s = spec["steady_s"] + spec["hold_s"] + 12.0
-        if len(loads) < len(gpus) or not _wait("all replicas", all_running, deadline - need_s):
-            raise TimeoutError(
-                f"time budget: {per_gpu} replicas per GPU were not running with {need_s:.0f} s "
-                "of the part's time left for the grab"
-            )
+        if len(loads) < len(gpus):
+            raise TimeoutError("time budget: an application never answered")
+        if not _wait("all replicas", all_running, deadline - need_s):
+            # Grab anyway with what runs: a shed from 2 replicas shows as well as one from 4.
+            running = [running_count(a.deployments["model"].replica_states) for a in _apps(gpus)]
+            doc["notes"].append(f"grabbed with {running} replicas running, not {per_gpu} each")
+            if min(running) < min(2, per_gpu):
+                raise TimeoutError(
+                    f"time budget: {running} replicas running with {need_s:.0f} s of the "
+                    "part's time left for the grab"
+                )
         cluster.remember_children()
         doc["deployed_s"] = round(timeline.now(), 1)
         timeline.phase("steady")
@@ -367,7 +377,7 @@ def grab_worker(spec: dict[str, Any]) -> None:
             for i, u in enumerate(gpus)
             if u in loads
         }
-        doc["verdict"] = rows.grab_verdict(doc["samples"], gpus[1], gpus[0], per_gpu)
+        doc["verdict"] = rows.grab_verdict(doc["samples"], gpus[1], gpus[0])
         doc["controller_log"] = controller_log(scratch / "ray")
         # A shed decision lasts until the next policy run (0.1 s): the log has every one.
         doc["verdict"]["shed_in_controller_log"] = any(

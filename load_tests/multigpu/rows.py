@@ -147,40 +147,42 @@ def grab_verdict(
     samples: Sequence[Mapping[str, Any]],
     grabbed: str,
     spared: str,
-    replicas_per_gpu: int,
     from_phase: str = "steady",
+    grab_phase: str = "grab",
 ) -> dict[str, Any]:
-    """What the grab timeline shows, from ``from_phase`` on: the fewest replicas each GPU ran,
-    the errors of each GPU's application, answers served from the other GPU, whether the
-    controller shed on the grabbed GPU, and the issue's expectation (only the grabbed GPU
-    sheds; the spared one serves with 0 errors)."""
+    """What the grab timeline shows: the replicas each GPU ran when the grab began and the
+    fewest after, the errors of each GPU's application and answers served from the other GPU
+    (from ``from_phase`` on), whether a shed decision was sampled, and the issue's expectation:
+    the grabbed GPU lost replicas, the spared one none, and the spared one had 0 errors."""
     phases = [s.get("phase") for s in samples]
-    start = phases.index(from_phase) if from_phase in phases else len(samples)
-    window = samples[start:]
+    judged = samples[phases.index(from_phase) :] if from_phase in phases else []
+    after = samples[phases.index(grab_phase) :] if grab_phase in phases else []
+    at_grab = dict(after[0]["replicas_by_gpu"]) if after else {}
 
     def fewest(uuid: str) -> int | None:
-        seen = [s["replicas_by_gpu"][uuid] for s in window if uuid in s["replicas_by_gpu"]]
+        seen = [s["replicas_by_gpu"][uuid] for s in after if uuid in s["replicas_by_gpu"]]
         return min(seen) if seen else None
 
     def errors(uuid: str) -> int:
-        return sum(int(s["errors_by_gpu"].get(uuid, 0)) for s in window)
+        return sum(int(s["errors_by_gpu"].get(uuid, 0)) for s in judged)
 
-    wrong = sum(int(s.get("answered_elsewhere", 0)) for s in window)
-    shed_seen = any(
-        s.get("controller_reason_by_gpu", {}).get(grabbed) == "shed_memory_pressure" for s in window
-    )
-    low_grabbed, low_spared = fewest(grabbed), fewest(spared)
+    low = {grabbed: fewest(grabbed), spared: fewest(spared)}
+    start = {grabbed: at_grab.get(grabbed), spared: at_grab.get(spared)}
+    g0, g1, s0, s1 = start[grabbed], low[grabbed], start[spared], low[spared]
+    shed = g0 is not None and g1 is not None and g1 < g0
+    kept = s0 is not None and s1 is not None and s1 >= s0
     return {
-        "samples_judged": len(window),
-        "fewest_replicas": {grabbed: low_grabbed, spared: low_spared},
+        "samples_judged": len(judged),
+        "replicas_at_grab": start,
+        "fewest_replicas_after_grab": low,
         "errors_by_gpu": {grabbed: errors(grabbed), spared: errors(spared)},
-        "answers_from_other_gpus": wrong,
-        "shed_decision_seen": shed_seen,
-        "only_grabbed_gpu_shed": low_grabbed is not None
-        and low_spared is not None
-        and low_grabbed < replicas_per_gpu
-        and low_spared >= replicas_per_gpu,
-        "spared_gpu_errors_zero": bool(window) and errors(spared) == 0,
+        "answers_from_other_gpus": sum(int(s.get("answered_elsewhere", 0)) for s in judged),
+        "shed_decision_seen": any(
+            s.get("controller_reason_by_gpu", {}).get(grabbed) == "shed_memory_pressure"
+            for s in after
+        ),
+        "only_grabbed_gpu_shed": shed and kept,
+        "spared_gpu_errors_zero": bool(judged) and errors(spared) == 0,
     }
 
 

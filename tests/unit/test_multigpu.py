@@ -149,19 +149,27 @@ def test_grab_verdict_only_the_grabbed_gpu_shed_and_the_spared_one_without_error
     samples = [
         sample("deploy", 1, 1, errors_a=5),  # before "steady": not judged
         sample("steady", 4, 4),
+        sample("grab", 4, 4),
         sample("grab", 4, 3, reason_b="shed_memory_pressure"),
         sample("released", 4, 4),
     ]
-    v = rows.grab_verdict(samples, grabbed=B, spared=A, replicas_per_gpu=4)
-    assert v["fewest_replicas"] == {B: 3, A: 4} and v["samples_judged"] == 3
-    assert v["errors_by_gpu"] == {B: 3, A: 0}
+    v = rows.grab_verdict(samples, grabbed=B, spared=A)
+    assert v["replicas_at_grab"] == {B: 4, A: 4} and v["samples_judged"] == 4
+    assert v["fewest_replicas_after_grab"] == {B: 3, A: 4}
+    assert v["errors_by_gpu"] == {B: 4, A: 0}
     assert v["only_grabbed_gpu_shed"] and v["spared_gpu_errors_zero"] and v["shed_decision_seen"]
     assert v["answers_from_other_gpus"] == 0
-    bad = [sample("steady", 4, 4), sample("grab", 3, 3, errors_a=2, elsewhere=7)]
-    v = rows.grab_verdict(bad, grabbed=B, spared=A, replicas_per_gpu=4)
+    # Both shed, GPU 0's application had errors, and answered from GPU 1
+    bad = [sample("steady", 4, 4), sample("grab", 4, 4), sample("grab", 3, 3, 2, elsewhere=7)]
+    v = rows.grab_verdict(bad, grabbed=B, spared=A)
     assert not v["only_grabbed_gpu_shed"] and not v["spared_gpu_errors_zero"]
-    assert v["answers_from_other_gpus"] == 7  # a GPU's application answered from the other
-    assert not rows.grab_verdict([sample("deploy", 4, 4)], B, A, 4)["spared_gpu_errors_zero"]
+    assert v["answers_from_other_gpus"] == 7
+    # Judged from the replicas running when the grab began, not from max_replicas
+    few = [sample("steady", 3, 2), sample("grab", 3, 2), sample("grab", 4, 1)]
+    assert rows.grab_verdict(few, grabbed=B, spared=A)["only_grabbed_gpu_shed"]
+    never = rows.grab_verdict([sample("steady", 4, 4)], B, A)
+    assert never["replicas_at_grab"] == {B: None, A: None} and not never["only_grabbed_gpu_shed"]
+    assert not rows.grab_verdict([sample("deploy", 4, 4)], B, A)["spared_gpu_errors_zero"]
 
 
 def test_transitions_keep_the_samples_where_replicas_targets_or_reasons_change() -> None:
