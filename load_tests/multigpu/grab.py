@@ -216,7 +216,10 @@ def controller_log(ray_dir: Path, limit: int = 300) -> list[str]:
     """The policy's decision lines ("serve_app autoscale gpuN/model: a -> b (reason)") from the
     Serve controller's log, on the head node."""
     lines: list[str] = []
-    for path in sorted(ray_dir.glob("session_*/logs/serve/controller_*.log")):
+    # session_latest links to the session: each file once
+    for path in sorted(
+        {p.resolve() for p in ray_dir.glob("session_*/logs/serve/controller_*.log")}
+    ):
         try:
             text = path.read_text(errors="replace")
         except OSError:
