@@ -5,6 +5,7 @@ its deadline by load_tests.throughput.workers.wait_worker) and the light load's 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -42,10 +43,12 @@ def fake_nvml_doc(free_by_gpu: dict[str, int] | None = None) -> dict[str, Any]:
     }
 
 
-def failed(exc: BaseException) -> dict[str, Any]:
+def failed(exc: BaseException, deadline_unix: float) -> dict[str, Any]:
     """A part's status, reason and error for an exception: ``partial`` when its time ran out
-    (a TimeoutError, or SIGTERM at its hard deadline), else ``error``."""
+    (a TimeoutError, SIGTERM at its hard deadline, or anything within 20 s of its deadline,
+    such as a start-up that was not ready in the time left), else ``error``."""
     out_of_time = isinstance(exc, TimeoutError | SystemExit | KeyboardInterrupt)
+    out_of_time = out_of_time or time.time() > deadline_unix - 20.0
     return {
         "status": "partial" if out_of_time else "error",
         "reason": f"{type(exc).__name__}: {str(exc)[:500]}",
@@ -100,6 +103,12 @@ def run_part(name: str, spec: dict[str, Any], out_dir: Path, hard_deadline: floa
 def start_load(url: str, clients: int) -> Load:
     """faults.Load's closed-loop clients on ``url``, started (stop them with ``stop_load``)."""
     return Load(url, clients=clients).__enter__()
+
+
+def cleanup_first() -> None:
+    """From here on a SIGTERM (the part's hard deadline) waits: the cleanup that follows stops
+    the part's Ray cluster, and SIGKILL 20 s later still bounds it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def stop_load(load: Load, timeout_s: float = 15.0) -> None:

@@ -43,6 +43,7 @@ from load_tests.multigpu.common import (
     FAKE_TOTAL_BYTES,
     GIB,
     NODE_LABEL,
+    cleanup_first,
     failed,
     fake_nvml_doc,
     start_load,
@@ -365,9 +366,10 @@ def grab_worker(spec: dict[str, Any]) -> None:
         timeline.phase("end")
         doc["status"] = "ok"
     except BaseException as exc:  # noqa: BLE001 - SIGTERM arrives as SystemExit; recorded
-        doc.update(failed(exc))
+        doc.update(failed(exc, deadline))
         log(f"grab: {doc['status']}: {type(exc).__name__}: {str(exc)[:500]}")
     finally:
+        cleanup_first()
         for load in loads.values():
             stop_load(load, timeout_s=5.0)
         if timeline is not None:

@@ -18,7 +18,13 @@ from typing import Any
 import httpx
 
 from load_tests.multigpu import rows
-from load_tests.multigpu.common import failed, start_load, stop_load, write_json_atomic
+from load_tests.multigpu.common import (
+    cleanup_first,
+    failed,
+    start_load,
+    stop_load,
+    write_json_atomic,
+)
 from load_tests.side_by_side.util import log
 from serve_app.nvml import FAKE_NVML_VAR
 
@@ -130,9 +136,10 @@ def placement_worker(spec: dict[str, Any]) -> None:
             f"load sent {len(load.results)} lost {lost} failed {refused}"
         )
     except BaseException as exc:  # noqa: BLE001 - SIGTERM arrives as SystemExit; recorded
-        doc.update(failed(exc))
+        doc.update(failed(exc, deadline))
         log(f"placement: {doc['status']}: {type(exc).__name__}: {str(exc)[:500]}")
     finally:
+        cleanup_first()
         write_json_atomic(out, doc)
         try:
             launch.shutdown()

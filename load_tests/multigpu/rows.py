@@ -18,13 +18,14 @@ UNATTRIBUTED = "unattributed"  # an answer with no replica header, or from an un
 SPEEDUP_WANTED = 1.9  # issue #14: two GPUs against one at 64 texts per request
 
 
-def allot_s(left_s: float, weights: Mapping[str, float], part: str) -> float:
+def allot_s(left_s: float, weights: Mapping[str, float], part: str, min_s: float = 0.0) -> float:
     """``part``'s share of the ``left_s`` seconds among the parts still to run (``weights``
-    holds them, ``part`` included): what an earlier part left unused goes to the later ones."""
+    holds them, ``part`` included), so that what an earlier part left unused goes to the later
+    ones; raised to ``min_s`` while ``left_s`` holds it (the earlier part is worth more)."""
     total = sum(weights.values())
     if left_s <= 0 or total <= 0:
         return 0.0
-    return left_s * weights[part] / total
+    return min(left_s, max(left_s * weights[part] / total, min_s))
 
 
 def replica_gpus(replicas: Iterable[Mapping[str, Any]]) -> dict[str, str]:

@@ -23,6 +23,9 @@ def test_allot_s_shares_what_is_left_among_the_parts_to_come() -> None:
     assert rows.allot_s(300.0, {"grab": 0.3, "placement": 0.2}, "grab") == pytest.approx(180.0)
     assert rows.allot_s(120.0, {"placement": 0.2}, "placement") == pytest.approx(120.0)
     assert rows.allot_s(-5.0, {"placement": 0.2}, "placement") == 0.0
+    # under its minimum, an earlier part takes the minimum if the time left holds it
+    assert rows.allot_s(96.0, {"grab": 0.3, "placement": 0.2}, "grab", 60.0) == 60.0
+    assert rows.allot_s(50.0, {"grab": 0.3, "placement": 0.2}, "grab", 60.0) == 50.0
 
 
 def memory_doc() -> dict:
