@@ -51,7 +51,9 @@ def failed(exc: BaseException, deadline_unix: float) -> dict[str, Any]:
     out_of_time = out_of_time or time.time() > deadline_unix - 20.0
     return {
         "status": "partial" if out_of_time else "error",
-        "reason": f"{type(exc).__name__}: {str(exc)[:500]}",
+        "reason": f"stopped at the part's hard deadline (SIGTERM: SystemExit {exc})"
+        if isinstance(exc, SystemExit)
+        else f"{type(exc).__name__}: {str(exc)[:500]}",
         "errors": [_error(exc)],
     }
 
