@@ -114,9 +114,11 @@ def throughput_summary(cfg: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     reports: dict[str, Any] = _read(tp / "server_reports.json") or {}
     p = cfg["per_gpu"]
     speed = rows.speedup(table, p, 2 * p)
+    by_job = {k: rows.replicas_per_gpu(v) for k, v in reports.items()}
     summary = {
         "speedup": speed,
-        "replicas_by_gpu": {k: rows.replicas_per_gpu(v) for k, v in reports.items()},
+        "replicas_by_gpu": by_job,
+        "layout_ok": rows.layout_check(by_job, p),
         **rows.violations_total(table),
         "cores": meta.get("cores"),
         "client_ceiling": [

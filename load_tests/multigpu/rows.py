@@ -266,3 +266,16 @@ def replicas_per_gpu(reports: Sequence[Mapping[str, Any]]) -> dict[str, int]:
         key = str(r.get("gpu_uuid") or "cpu")
         out[key] = out.get(key, 0) + 1
     return out
+
+
+def layout_check(by_job: Mapping[str, Mapping[str, int]], per_gpu: int) -> dict[str, bool | None]:
+    """Whether the throughput jobs had the layout compared: ``per_gpu`` replicas all on one
+    GPU, and twice that as ``per_gpu`` on each of two (None when a job has no report)."""
+    one = by_job.get(f"minilm/r{per_gpu}")
+    two = by_job.get(f"minilm/r{2 * per_gpu}")
+    return {
+        "one_gpu": None if not one else list(one.values()) == [per_gpu] and "cpu" not in one,
+        "two_gpus": None
+        if not two
+        else sorted(two.values()) == [per_gpu, per_gpu] and "cpu" not in two,
+    }

@@ -231,6 +231,11 @@ def test_speedup_two_gpus_against_one_from_the_wrk_rows() -> None:
 def test_replicas_per_gpu_from_a_jobs_server_report() -> None:
     reports = [{"replica_id": "x", "gpu_uuid": A}] * 4 + [{"replica_id": "y", "gpu_uuid": None}]
     assert rows.replicas_per_gpu(reports + [{"error": "unreachable"}]) == {A: 4, "cpu": 1}
+    packed = {"minilm/r4": {A: 4}, "minilm/r8": {A: 4, B: 4}}
+    assert rows.layout_check(packed, 4) == {"one_gpu": True, "two_gpus": True}
+    spread = {"minilm/r4": {A: 2, B: 2}, "minilm/r8": {A: 5, B: 3}}
+    assert rows.layout_check(spread, 4) == {"one_gpu": False, "two_gpus": False}
+    assert rows.layout_check({"minilm/r1": {"cpu": 1}}, 1) == {"one_gpu": False, "two_gpus": None}
 
 
 def test_grab_config_pins_controller_yaml_once_per_gpu() -> None:
