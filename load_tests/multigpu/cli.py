@@ -28,6 +28,7 @@ FINAL_RESERVE_S = 10.0  # the summary, after the last part
 MIN_S = {"throughput": (120.0, 60.0), "grab": (70.0, 60.0), "placement": (45.0, 40.0)}
 TEARDOWN_S = (15.0, 10.0)  # a part's own cleanup, inside its share
 CLIENT_CEILING_S = (40.0, 25.0)  # wrk and the open-loop client against the no-op, two payloads
+TOOL_GRACE_S = 15.0  # load_tests.throughput past its --max-time-s by this much is stopped
 
 
 def settings(device: str, quick: bool) -> dict[str, Any]:
@@ -103,7 +104,9 @@ def run_throughput(cfg: dict[str, Any], out_dir: Path, allot_s: float, phases: s
     log_path = out_dir / f"throughput-{phases}.log"
     with log_path.open("ab") as f:
         proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=f, stderr=f)
-    _, rc = wait_worker(Worker(proc, tp / "meta.json", log_path), time.time() + allot_s + 20.0)
+    # The tool keeps to its --max-time-s; past it by TOOL_GRACE_S it is stopped.
+    hard = time.time() + allot_s + TOOL_GRACE_S
+    _, rc = wait_worker(Worker(proc, tp / "meta.json", log_path), hard)
     return rc
 
 
@@ -281,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     entry.update(throughput_summary(cfg, out_dir))
                 else:
                     spec = part_spec(name, cfg, part_end)
-                    entry["exit_code"] = run_part(name, spec, out_dir, part_end + 5.0)
+                    entry["exit_code"] = run_part(name, spec, out_dir, part_end)
                     entry.update(part_summary(name, out_dir))
             except Exception as exc:  # noqa: BLE001 - recorded; the next part still runs
                 entry.update(status="error", error=_error(exc))
@@ -304,14 +307,14 @@ def client_ceiling(
     if skip or entry is None or entry.get("status") == "skipped":
         return
     left = end - time.time()
-    if left < CLIENT_CEILING_S[cfg["device"] == "cpu"]:
+    if left - TOOL_GRACE_S < CLIENT_CEILING_S[cfg["device"] == "cpu"]:
         entry["client_ceiling_note"] = f"not measured: {left:.0f} s left at the end"
         return
     meta = out_dir / "throughput" / "meta.json"
     if meta.is_file():  # the serve run's meta, before the merge run rewrites it
         shutil.copy(meta, out_dir / "throughput" / "meta_serve.json")
     log(f"client ceiling: {left:.0f} s left")
-    run_throughput(cfg, out_dir, left, "client")
+    run_throughput(cfg, out_dir, left - TOOL_GRACE_S, "client")
     entry.update(throughput_summary(cfg, out_dir))
     write_json_atomic(out_dir / "multigpu.json", doc)
 
