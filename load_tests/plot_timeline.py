@@ -17,7 +17,9 @@ The JSON is what ``tests/gpu/test_controller_gpu.py`` records once per second::
 
 Three panels share the time axis: replicas (running, and the controller's target), free GPU
 memory (GiB, with the safety margin), and load (requests/s sent, and errors/s). Phases are
-dashed vertical lines.
+dashed vertical lines. Samples that also carry per-GPU series (``replicas_by_gpu``,
+``controller_target_by_gpu``, ``ok_per_s_by_gpu``, ``errors_per_s_by_gpu``, keyed by GPU UUID:
+load_tests.multigpu's grab timeline) get one line per GPU instead of the totals.
 
 Usage::
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -50,6 +53,14 @@ def _series(samples: Sequence[Mapping[str, Any]], key: str) -> list[float]:
     out = []
     for s in samples:
         value = s.get(key)
+        out.append(float("nan") if value is None else float(value))
+    return out
+
+
+def _by_gpu(samples: Sequence[Mapping[str, Any]], key: str, uuid: str) -> list[float]:
+    out = []
+    for s in samples:
+        value = (s.get(key) or {}).get(uuid)
         out.append(float("nan") if value is None else float(value))
     return out
 
@@ -84,14 +95,29 @@ def plot_timeline(doc: Mapping[str, Any] | str | Path, out_png: str | Path) -> P
         title += f" ({data['device']})"
     fig.suptitle(title)
 
-    ax_rep.step(t, _series(samples, "replicas_running"), where="post", label="running")
-    ax_rep.step(
-        t,
-        _series(samples, "controller_target"),
-        where="post",
-        linestyle="--",
-        label="controller target",
-    )
+    per_gpu = any("replicas_by_gpu" in s for s in samples)
+    if per_gpu:
+        for uuid in _gpus(data):
+            line = ax_rep.step(
+                t, _by_gpu(samples, "replicas_by_gpu", uuid), where="post", label=f"{uuid[:12]}"
+            )
+            ax_rep.step(
+                t,
+                _by_gpu(samples, "controller_target_by_gpu", uuid),
+                where="post",
+                linestyle="--",
+                color=line[0].get_color(),
+                label=f"target {uuid[:12]}",
+            )
+    else:
+        ax_rep.step(t, _series(samples, "replicas_running"), where="post", label="running")
+        ax_rep.step(
+            t,
+            _series(samples, "controller_target"),
+            where="post",
+            linestyle="--",
+            label="controller target",
+        )
     ax_rep.set_ylabel("replicas")
     ax_rep.set_ylim(bottom=0)
     ax_rep.legend(loc="lower right", fontsize="small")
@@ -113,14 +139,25 @@ def plot_timeline(doc: Mapping[str, Any] | str | Path, out_png: str | Path) -> P
     ax_mem.legend(loc="best", fontsize="small")
     ax_mem.grid(alpha=0.3)
 
-    ax_load.plot(t, _series(samples, "offered_rps"), label="requests sent /s")
+    ax_err = ax_load.twinx()
+    if per_gpu:
+        width = min(0.8, float(data.get("sample_period_s") or 1.0)) / 2
+        errors = {u: _by_gpu(samples, "errors_per_s_by_gpu", u) for u in _gpus(data)}
+        for i, (uuid, errs) in enumerate(errors.items()):
+            ax_load.plot(t, _by_gpu(samples, "ok_per_s_by_gpu", uuid), label=f"ok/s {uuid[:12]}")
+            shifted = [x + i * width for x in t]
+            ax_err.bar(shifted, errs, width=width, alpha=0.6, label=f"errors/s {uuid[:12]}")
+        top = max([1.0, *(e for errs in errors.values() for e in errs if not math.isnan(e))])
+        ax_err.legend(loc="upper right", fontsize="small")
+    else:
+        ax_load.plot(t, _series(samples, "offered_rps"), label="requests sent /s")
+        ax_err.bar(t, _series(samples, "errors_per_s"), width=0.8, color="red", alpha=0.6)
+        top = max([1.0, *_series(samples, "errors_per_s")])
     ax_load.set_ylabel("requests/s")
     ax_load.set_ylim(bottom=0)
-    ax_err = ax_load.twinx()
-    ax_err.bar(t, _series(samples, "errors_per_s"), width=0.8, color="red", alpha=0.6)
     ax_err.set_ylabel("errors/s", color="red")
-    ax_err.set_ylim(bottom=0, top=max([1.0, *_series(samples, "errors_per_s")]) * 1.2)
-    ax_load.legend(loc="best", fontsize="small")
+    ax_err.set_ylim(bottom=0, top=top * 1.2)
+    ax_load.legend(loc="upper left" if per_gpu else "best", fontsize="small")
     ax_load.grid(alpha=0.3)
     ax_load.set_xlabel("time (s)")
 

@@ -274,6 +274,8 @@ def _server_memory(base_url: str) -> list[dict[str, Any]]:
     keep = (
         "replica_id",
         "pid",
+        "node_id",
+        "gpu_uuid",
         "budget_bytes",
         "cap_bytes",
         "torch_fraction",

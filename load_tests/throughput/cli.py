@@ -60,18 +60,10 @@ def client_phase(cfg: Mapping[str, Any], work: Path, deadline: float) -> list[di
     from load_tests.throughput.measure import Clients, measure_client_ceiling
     from load_tests.throughput.noop_server import NoopHAProxy
     from load_tests.throughput.openloop import OpenLoopPool
-    from load_tests.throughput.payload import model_payload, noop_payload
+    from load_tests.throughput.setups import client_payloads
     from load_tests.throughput.wrk import find_wrk
 
-    payloads = []
-    if "serve" in cfg["phases"]:
-        payloads = [
-            model_payload(m, n, cfg["encoding_format"])
-            for m in cfg["models"]
-            for n in cfg["inputs_per_request"]
-        ]
-    if "noop" in cfg["phases"]:
-        payloads.append(noop_payload())
+    payloads = client_payloads(cfg)
     common = {
         "setup": "client_ceiling",
         "server": "haproxy-static-noop",

@@ -132,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mps", action="store_true", help="run the replicas under an MPS daemon")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--gpu", default="0", help="CUDA_VISIBLE_DEVICES for every GPU process")
+    p.add_argument(
+        "--replica-share",
+        type=float,
+        default=None,
+        help="num_gpus of every replica (default: what fits all replicas on one GPU); e.g. "
+        "--gpu 0,1 --replica-share 0.25 --replicas 4,8 packs 4 on one GPU, then 4 on each",
+    )
     p.add_argument("--quick", action="store_true", help="tiny durations (the CPU dry run)")
     p.add_argument("--wrk", default=DEFAULT_WRK, help="wrk binary (else wrk on PATH, else none)")
     p.add_argument("--max-time-s", type=float, default=None, help="wall-time budget (540)")
@@ -168,9 +175,12 @@ def make_config(a: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
     shared = shared_physical_cores(server, client, thread_siblings)
     if not 0 < a.openloop_fraction <= 1:
         parser.error("--openloop-fraction must be in (0, 1]")
+    if a.replica_share is not None and not 0 < a.replica_share <= 1:
+        parser.error(f"--replica-share {a.replica_share} must be in (0, 1]")
     return {
         "device": a.device,
         "gpu": a.gpu,
+        "replica_share": a.replica_share,
         "quick": a.quick,
         "models": models,
         "replicas": a.replicas or ([1] if cpu else [4, 8, 12, 16]),

@@ -25,6 +25,7 @@ from load_tests.throughput.options import format_cores
 from load_tests.throughput.payload import Payload
 from load_tests.throughput.setups import (
     DEPLOY_EST_S,
+    gpu_share,
     job_payloads,
     measure_est_s,
     noop_doc,
@@ -93,7 +94,7 @@ def run_job(
         "setup": "serve_app" if kind == "serve_app" else "ray_serve_noop",
         "model": job.get("model"),
         "replicas": replicas,
-        "num_gpus": stats.replica_share(replicas) if kind == "serve_app" and cuda else None,
+        "num_gpus": gpu_share(replicas, cfg) if kind == "serve_app" and cuda else None,
         "num_cpus": stats.replica_cpus(replicas, len(cfg["server_cores"])),
         "mps": ctx["mps"],
         "server_cores": format_cores(cfg["server_cores"]),

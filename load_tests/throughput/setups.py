@@ -20,7 +20,7 @@ RAY_START_EST_S = (15.0, 8.0)  # (GPU, CPU)
 
 def serve_app_doc(model: str, replicas: int, cfg: Mapping[str, Any], port: int) -> dict:
     """configs/default.yaml (what ``serve-app run`` deploys) for ``model`` with dummy weights in
-    fp16, ``replicas`` replicas at ``stats.replica_share`` of the GPU; real defaults otherwise."""
+    fp16, ``replicas`` replicas at ``gpu_share`` of a GPU each; real defaults otherwise."""
     from serve_app.config import load_deploy_config
 
     doc = load_deploy_config(DEFAULT_CONFIG)
@@ -37,9 +37,17 @@ def serve_app_doc(model: str, replicas: int, cfg: Mapping[str, Any], port: int) 
     dep["num_replicas"] = replicas
     dep["ray_actor_options"] = {
         "num_cpus": stats.replica_cpus(replicas, len(cfg["server_cores"])),
-        "num_gpus": stats.replica_share(replicas),
+        "num_gpus": gpu_share(replicas, cfg),
     }
     return doc
+
+
+def gpu_share(replicas: int, cfg: Mapping[str, Any]) -> float:
+    """Each replica's num_gpus: ``--replica-share`` when given (Ray packs fractional replicas
+    onto one GPU before the next, so 4 x 0.25 on a two-GPU node is one GPU's worth), else the
+    share that fits all ``replicas`` on one GPU."""
+    share = cfg.get("replica_share")
+    return float(share) if share else stats.replica_share(replicas)
 
 
 def noop_doc(replicas: int, cfg: Mapping[str, Any], port: int) -> dict:
@@ -78,6 +86,23 @@ def job_payloads(job: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[Payload
     ]
 
 
+def client_payloads(cfg: Mapping[str, Any]) -> list[Payload]:
+    """The payloads whose client ceiling the run measures: those of the setups it serves, or
+    the models' when it serves none (``--phases client`` alone, e.g. with ``--merge`` to add
+    the ceilings to an earlier run's rows)."""
+    phases = set(cfg["phases"])
+    out = []
+    if "serve" in phases or not phases & {"serve", "noop"}:
+        out = [
+            model_payload(m, n, cfg["encoding_format"])
+            for m in cfg["models"]
+            for n in cfg["inputs_per_request"]
+        ]
+    if "noop" in phases:
+        out.append(noop_payload())
+    return out
+
+
 def measure_est_s(cfg: Mapping[str, Any]) -> float:
     """Seconds one payload's wrk tries and open-loop point take, with pauses and start-up."""
     d, pause = cfg["duration_s"], cfg["pause_s"]
@@ -97,10 +122,7 @@ def plan_estimate(cfg: Mapping[str, Any], jobs: list[dict[str, Any]]) -> dict[st
     budget (the rest will be skipped), for the log and meta.json."""
     cuda = cfg["device"] == "cuda"
     per_payload = measure_est_s(cfg)
-    n_payloads = (
-        len(cfg["models"]) * len(cfg["inputs_per_request"]) if "serve" in cfg["phases"] else 0
-    )
-    n_payloads += 1 if "noop" in cfg["phases"] else 0
+    n_payloads = len(client_payloads(cfg))
     est = {
         "ceiling_s": (10.0 + sum(len(b) for b in cfg["model_batches"].values()) * 2.0)
         if "ceiling" in cfg["phases"] and cuda

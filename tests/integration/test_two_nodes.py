@@ -20,9 +20,7 @@ already hold the session cluster, never connects to the two-node cluster.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -35,12 +33,12 @@ from typing import Any
 import httpx
 import pytest
 
+from load_tests import ray_nodes
 from serve_app import env as serve_env
 from serve_app import launch
 from tests.helpers import wait_http
 from tests.integration.test_controller import Load, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
 GPU_A = "GPU-aaaaaaaa-0000-4000-8000-00000000000a"  # the head's GPU
 GPU_B = "GPU-bbbbbbbb-0000-4000-8000-00000000000b"  # the worker's GPU
@@ -49,13 +47,9 @@ START_TIMEOUT_S = 60.0
 DEPLOY_TIMEOUT_S = 120.0
 
 
-def ray_cli() -> str | None:
-    """The ``ray`` CLI of this interpreter's environment, else one on PATH."""
-    beside = Path(sys.executable).with_name("ray")
-    return str(beside) if beside.exists() else shutil.which("ray")
-
-
-pytestmark = pytest.mark.skipif(ray_cli() is None, reason="the `ray` CLI is not installed")
+pytestmark = pytest.mark.skipif(
+    ray_nodes.ray_cli() is None, reason="the `ray` CLI is not installed"
+)
 
 
 def nvml_script(path: Path, uuid: str) -> Path:
@@ -109,104 +103,34 @@ class TwoNodes:
     timings_s: dict[str, float] = field(default_factory=dict)
 
 
-def _node_env(tmp: Path, script: Path, side_ports: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
-    env.update(
-        {
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
-            "SERVE_APP_FAKE_NVML": str(script),
-            "RAY_USAGE_STATS_ENABLED": "0",
-            "RAY_AUTH_MODE": "disabled",
-            **launch.cluster_env(),  # what serve-app run sets: HAProxy, its retries, ...
-            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
-            **side_ports,
-        }
-    )
-    return env
+def _node_env(script: Path, side_ports: dict[str, str]) -> dict[str, str]:
+    return ray_nodes.node_env({"SERVE_APP_FAKE_NVML": str(script), **side_ports})
 
 
-def _descendants(pid: int) -> list[int]:
-    import psutil
-
+def _wait_nodes(address: str, env: dict[str, str], want: int) -> list[str]:
     try:
-        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
-def _kill(pids: list[int]) -> None:
-    import psutil
-
-    for pid in pids:
-        try:
-            psutil.Process(pid).kill()
-        except psutil.Error:
-            continue
-
-
-def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-
-def _stop_group(proc: subprocess.Popen[bytes], known: list[int]) -> None:
-    """SIGKILL a node's process group and every process it was seen to start (HAProxy and
-    Ray's workers may have left the group)."""
-    known = known + _descendants(proc.pid)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    _kill(known)
-    proc.wait(timeout=10)
-
-
-def _wait_nodes(cli: str, address: str, env: dict[str, str], want: int) -> list[str]:
-    """The IDs of the alive nodes, once there are ``want`` of them."""
-    probe = (
-        "import ray,sys; ray.init(address=sys.argv[1], log_to_driver=False); "
-        "print(' '.join(n['NodeID'] for n in ray.nodes() if n['Alive']))"
-    )
-    deadline = time.monotonic() + START_TIMEOUT_S
-    last = ""
-    while time.monotonic() < deadline:
-        got = subprocess.run(
-            [sys.executable, "-c", probe, address],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        last = (got.stdout + got.stderr)[-500:]
-        ids = (got.stdout.strip().splitlines() or [""])[-1].split()
-        if got.returncode == 0 and len(ids) == want:
-            return ids
-        time.sleep(1.0)
-    pytest.fail(f"{want} Ray nodes not alive after {START_TIMEOUT_S:.0f} s: {last}")
+        return ray_nodes.wait_nodes(address, env, want, START_TIMEOUT_S)
+    except TimeoutError as exc:
+        pytest.fail(str(exc))
     return []
 
 
 @pytest.fixture(scope="module")
 def two_nodes() -> Iterator[TwoNodes]:
-    cli = ray_cli()
+    cli = ray_nodes.ray_cli()
     assert cli is not None
     # Short paths: Ray's Unix sockets live under the temp dir (108-byte limit).
     tmp = Path(tempfile.mkdtemp(prefix="sa2n-", dir="/tmp"))
     side_ports = launch.haproxy_side_ports()
-    head_env = _node_env(tmp, nvml_script(tmp / "nvml-a.json", GPU_A), side_ports)
-    worker_env = _node_env(tmp, nvml_script(tmp / "nvml-b.json", GPU_B), side_ports)
+    head_env = _node_env(nvml_script(tmp / "nvml-a.json", GPU_A), side_ports)
+    worker_env = _node_env(nvml_script(tmp / "nvml-b.json", GPU_B), side_ports)
     gcs_port, http_port = launch.free_port(), launch.free_port()
     address = f"127.0.0.1:{gcs_port}"
-    common = ["--block", "--node-ip-address", "127.0.0.1", "--num-gpus", "1"]
-    common += ["--object-store-memory", str(200 * 1024 * 1024), "--disable-usage-stats"]
     t0 = time.monotonic()
-    head = _start(
-        [cli, "start", "--head", "--port", str(gcs_port), "--num-cpus", "2"]
-        + ["--include-dashboard", "false", "--temp-dir", str(tmp / "ray")]
-        + ["--ray-client-server-port", str(launch.free_port())]
-        + common,
+    head = ray_nodes.start_node(
+        ray_nodes.node_command(
+            cli, num_cpus=2, num_gpus=1, head_port=gcs_port, temp_dir=tmp / "ray"
+        ),
         head_env,
         tmp / "head.log",
     )
@@ -214,13 +138,13 @@ def two_nodes() -> Iterator[TwoNodes]:
     known: dict[int, list[int]] = {}
     node_ids: list[str] = []
     try:
-        _wait_nodes(cli, address, head_env, 1)
-        worker = _start(
-            [cli, "start", "--address", address, "--num-cpus", "1"] + common,
+        _wait_nodes(address, head_env, 1)
+        worker = ray_nodes.start_node(
+            ray_nodes.node_command(cli, num_cpus=1, num_gpus=1, address=address),
             worker_env,
             tmp / "worker.log",
         )
-        node_ids = _wait_nodes(cli, address, head_env, 2)
+        node_ids = _wait_nodes(address, head_env, 2)
         started_s = time.monotonic() - t0
         deploy = subprocess.run(
             [sys.executable, "-c", DRIVER, address, json.dumps(serve_config(http_port))],
@@ -234,12 +158,15 @@ def two_nodes() -> Iterator[TwoNodes]:
         wait_http(f"{base}/readyz", DEPLOY_TIMEOUT_S)
         nodes = TwoNodes(base, address, head_env, head, worker)
         nodes.timings_s = {"start_nodes": started_s, "deployed": time.monotonic() - t0}
-        known = {head.pid: _descendants(head.pid), worker.pid: _descendants(worker.pid)}
+        known = {
+            head.pid: ray_nodes.descendants(head.pid),
+            worker.pid: ray_nodes.descendants(worker.pid),
+        }
         yield nodes
     finally:
         for proc in (worker, head):
             if proc is not None:
-                _stop_group(proc, known.get(proc.pid, []))
+                ray_nodes.stop_group(proc, known.get(proc.pid, []))
         shutil.rmtree(tmp, ignore_errors=True)
         for node_id in node_ids:  # Serve's HAProxy leaves its per-node folder behind
             folder = launch.haproxy_node_path(serve_env.haproxy_config_path(), node_id).parent
@@ -290,7 +217,7 @@ def test_replicas_on_both_nodes_answer_and_the_head_survives_the_worker(
         wait_for("some load served", load.ok, lambda n: n >= 20, 30.0)
         before_kill = load.ok()
         killed_at = time.monotonic()
-        _stop_group(two_nodes.worker, [])
+        ray_nodes.stop_group(two_nodes.worker, [])
         after = wait_for(
             "the head serving on after the kill", load.ok, lambda n: n >= before_kill + 50, 60.0
         )

@@ -294,6 +294,38 @@ def test_serve_app_doc_is_the_default_config_with_dummy_fp16_weights() -> None:
     assert minilm["adapter"] == "embeddings" and minilm["model_name"] == "all-MiniLM-L6-v2"
 
 
+def test_replica_share_option_sets_every_replicas_gpu_share() -> None:
+    from load_tests.throughput.options import build_parser, make_config
+    from load_tests.throughput.setups import gpu_share
+
+    parser = build_parser()
+    argv = ["--out", "/tmp/x", "--gpu", "0,1", "--replica-share", "0.25", "--replicas", "4,8"]
+    cfg = make_config(parser.parse_args(argv), parser)
+    assert (cfg["gpu"], cfg["replica_share"], cfg["replicas"]) == ("0,1", 0.25, [4, 8])
+    for n in (4, 8):  # 4 x 0.25 fill one GPU; 8 x 0.25 fill two
+        dep = serve_app_doc("minilm", n, cfg, 8123)["applications"][0]["deployments"][0]
+        assert dep["num_replicas"] == n and dep["ray_actor_options"]["num_gpus"] == 0.25
+    default = make_config(parser.parse_args(["--out", "/tmp/x"]), parser)
+    assert default["replica_share"] is None and gpu_share(8, default) == 0.12
+    with pytest.raises(SystemExit):
+        make_config(parser.parse_args(["--out", "/tmp/x", "--replica-share", "1.5"]), parser)
+
+
+def test_client_payloads_follow_the_served_setups_or_the_models_alone() -> None:
+    from load_tests.throughput.setups import client_payloads
+
+    cfg = {"models": ["minilm"], "inputs_per_request": [64, 1], "encoding_format": "float"}
+    keys = {
+        phases: [p.key for p in client_payloads(dict(cfg, phases=phases.split(",")))]
+        for phases in ("client,serve,noop", "client,noop", "client")
+    }
+    assert keys == {
+        "client,serve,noop": ["minilm-x64-float", "minilm-x1-float", "noop"],
+        "client,noop": ["noop"],
+        "client": ["minilm-x64-float", "minilm-x1-float"],  # added to an earlier run's rows
+    }
+
+
 def test_noop_doc_validates_as_a_serve_config() -> None:
     from ray.serve.schema import ServeDeploySchema
 
