@@ -66,6 +66,23 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)
 
 
+def steps_within(step: Callable[[], bool], budget_s: float | None) -> None:
+    """Call ``step`` (one step of work; it returns whether more remain) until it is done, or
+    until the next step would likely end past ``budget_s`` (the longest step so far is the
+    estimate; a budget of 0 runs none). Start-up's graph capture and warm-up use it."""
+    t0 = time.perf_counter()
+    longest_s = 0.0
+    more = True
+    while more:
+        if budget_s is not None and (
+            budget_s <= 0 or time.perf_counter() - t0 + longest_s > budget_s
+        ):
+            break
+        started_s = time.perf_counter()
+        more = step()
+        longest_s = max(longest_s, time.perf_counter() - started_s)
+
+
 def bucket_for(n: int, buckets: Sequence[int]) -> int | None:
     """The smallest bucket that holds ``n``, or None when ``n`` is larger than all of them."""
     fitting = [b for b in buckets if b >= n]
@@ -170,15 +187,9 @@ class GraphSet:
         Raises:
             GraphCaptureError: a capture failed for another reason than memory.
         """
-        t0 = time.perf_counter()
         self._pending = deque(sorted(examples, key=lambda kv: -sum(t.numel() for t in kv[1])))
-        longest_s = 0.0
-        while self._pending:
-            if budget_s is not None and time.perf_counter() - t0 + longest_s > budget_s:
-                break
-            started_s = time.perf_counter()
-            self.capture_next()
-            longest_s = max(longest_s, time.perf_counter() - started_s)
+        if self._pending:
+            steps_within(self.capture_next, budget_s)
         self.captured_at_start = len(self)
         return self.skipped
 

@@ -21,7 +21,7 @@ import torch
 from serve_app import calibcache
 from serve_app.config import AppArgs
 from serve_app.errors import StartupError
-from serve_app.graphs import graph_batch_limit
+from serve_app.graphs import graph_batch_limit, steps_within
 from serve_app.memory import format_bytes
 from serve_app.partition import Partition
 
@@ -296,14 +296,8 @@ class WarmUp:
     def run(self, budget_s: float | None = None) -> None:
         """Steps until done, or until the next would likely end past ``budget_s`` (the
         longest step so far is the estimate)."""
-        t0 = time.perf_counter()
-        longest_s = 0.0
-        while self.pending:
-            if budget_s is not None and time.perf_counter() - t0 + longest_s > budget_s:
-                break
-            started_s = time.perf_counter()
-            self.step()
-            longest_s = max(longest_s, time.perf_counter() - started_s)
+        if self.pending:
+            steps_within(self.step, budget_s)
 
     def describe(self) -> dict[str, Any]:
         return {"ran": self.ran, "pending": len(self.pending), "seconds": round(self.seconds, 3)}

@@ -188,9 +188,8 @@ def test_embeddings_graph_path_pads_to_buckets_and_matches_eager(
     assert len(graphs.runs) == 1
 
 
-def test_image_graph_path_pads_to_buckets_and_matches_eager(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _small_resnet() -> ImageClassifierAdapter:
+    """ResNet-18 on 32 x 32 crops, random weights, on the CPU."""
     adapter = ImageClassifierAdapter(
         parse_args(
             {
@@ -202,6 +201,13 @@ def test_image_graph_path_pads_to_buckets_and_matches_eager(
         )
     )
     adapter.setup(torch.device("cpu"))
+    return adapter
+
+
+def test_image_graph_path_pads_to_buckets_and_matches_eager(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    adapter = _small_resnet()
     rng = np.random.default_rng(0)
     items = [rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for _ in range(3)]
     eager = adapter.predict(items)
@@ -236,17 +242,7 @@ def test_embeddings_shapes_left_pending_run_eagerly_until_captured(
 def test_image_pads_to_a_captured_bucket_while_smaller_ones_are_pending(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    adapter = ImageClassifierAdapter(
-        parse_args(
-            {
-                "adapter": "image-classification",
-                "load_format": "dummy",
-                "arch": "resnet18",
-                "image_size": 32,
-            }
-        )
-    )
-    adapter.setup(torch.device("cpu"))
+    adapter = _small_resnet()
     graphs = _with_cpu_graphs(adapter, monkeypatch, "image", budget_s=0.0)
     rng = np.random.default_rng(0)
     items = [rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for _ in range(3)]
