@@ -388,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
             start_s, chunk_s = time.monotonic() - sampler.t0, min(a.chunk_s, left_s)
             outcomes = open_loop(target.url, rate, chunk_s, body, processes)
             wall_s = time.monotonic() - sampler.t0 - start_s
+            # The last send is at (n - 1) / rate: keep the schedule (no short chunk after it).
+            time.sleep(max(0.0, chunk_s - wall_s))
             chunks.append(chunk_stats(outcomes, start_s, chunk_s, wall_s))
             write(a.out, doc())
             c = chunks[-1]
