@@ -52,6 +52,8 @@ from load_tests.bench.memory import BudgetWatch
 from load_tests.faults import (
     APP,
     ARGS,
+    BODY,
+    CLIENTS,
     Load,
     Row,
     Target,
@@ -403,12 +405,17 @@ HEAVY_BODY = {
 }
 
 
+def load_shape(device: str) -> tuple[dict[str, Any], int, int]:
+    """(body, open-loop client processes, closed-loop clients) of a load the server limits:
+    on a CPU the suite's small requests, on a GPU HEAVY_BODY from 4 client processes (the
+    capacity from 16 closed-loop clients)."""
+    return (HEAVY_BODY, 4, 16) if device == "cuda" else (BODY, 1, CLIENTS)
+
+
 def gpu_overload(target: Target, device: str, duration_s: float) -> Row:
-    """faults.overload at 3x: on a CPU with the suite's small requests, on a GPU with
-    HEAVY_BODY from 4 client processes (the capacity from 16 closed-loop clients)."""
-    if device != "cuda":
-        return overload(target, 3.0, duration_s)
-    return overload(target, 3.0, duration_s, body=HEAVY_BODY, processes=4, clients=16)
+    """faults.overload at 3x, with ``load_shape(device)``."""
+    body, processes, clients = load_shape(device)
+    return overload(target, 3.0, duration_s, body=body, processes=processes, clients=clients)
 
 
 def write(path: Path, meta: dict[str, Any], rows: list[Row], complete: bool) -> None:
