@@ -89,6 +89,7 @@ class ModelServer:
         # the start of serve_app's import (the replica's own start) to the first answer
         self.first_request_since_imports_s: float | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
+        self._capture_lock = threading.Lock()  # graph capture between batches vs check_health
         self._served_by = {"x-serve-app-replica": self.replica_id}
         self._api_keys = ApiKeys(env.api_keys())  # from the environment, never the config
         self._batcher: Batcher[Any, Any] = Batcher(
@@ -135,7 +136,9 @@ class ModelServer:
         else one warm-up batch; whether more remains."""
         graphs = self.adapter.graphs
         if graphs is not None and graphs.pending:
-            if not graphs.capture_next():
+            with self._capture_lock:
+                more = graphs.capture_next()
+            if not more:
                 info = graphs.describe()
                 logger.info(
                     "CUDA graphs: all %d captured (%d at start-up, %d out of memory), %.2f s "
@@ -388,11 +391,15 @@ class ModelServer:
         )
 
     def check_health(self) -> None:
-        """A tiny GPU operation: a sticky CUDA error makes this raise, and Serve replaces us."""
+        """A tiny GPU operation: a sticky CUDA error makes this raise, and Serve replaces us.
+        Never during a CUDA graph capture between batches (``_capture_lock``): its device-wide
+        synchronisation has no place beside a capture, which lasts tens of milliseconds."""
         if self.partition.on_gpu:
-            x = torch.ones(1, device=self.partition.device)
-            torch.cuda.synchronize(self.partition.device)
-            if float(x.add_(1).item()) != 2.0:
+            with self._capture_lock:
+                x = torch.ones(1, device=self.partition.device)
+                torch.cuda.synchronize(self.partition.device)
+                ok = float(x.add_(1).item()) == 2.0
+            if not ok:
                 raise RuntimeError("GPU health check computed a wrong value")
 
     def report(self) -> dict[str, Any]:

@@ -143,3 +143,52 @@ def test_phase_timer_times_each_phase_and_the_total() -> None:
     assert phases["imports"] >= 0.0
     parts = phases["process"] + phases["imports"] + phases["weights"] + phases["warmup"]
     assert abs(phases["total"] - parts) <= 0.003  # rounding of each part to 1 ms
+
+
+def test_work_between_batches_captures_graphs_first_then_warms_up() -> None:
+    """The replica's idle work: every pending graph capture (under the lock that keeps
+    check_health's GPU op apart), then the warm-up batches, one step per call."""
+    import threading
+    from types import SimpleNamespace
+
+    from serve_app.replica import ModelServer
+
+    cls = ModelServer.func_or_class  # type: ignore[attr-defined]
+    calls: list[str] = []
+    lock = threading.Lock()
+
+    class Graphs:
+        pending = 2
+
+        def capture_next(self) -> bool:
+            assert lock.locked(), "a capture runs under the capture lock"
+            calls.append("capture")
+            self.pending -= 1
+            return self.pending > 0
+
+        def describe(self) -> dict[str, object]:
+            return {
+                "graphs": 2,
+                "graphs_at_start": 0,
+                "skipped_out_of_memory": 0,
+                "capture_s": 0.0,
+                "pool_bytes": 0,
+            }
+
+    class Warm:
+        pending = [1, 2]
+        ran, seconds = 0, 0.0
+
+        def step(self) -> bool:
+            assert not lock.locked()
+            calls.append("warm")
+            self.pending.pop(0)
+            return bool(self.pending)
+
+    server = SimpleNamespace(
+        adapter=SimpleNamespace(graphs=Graphs()), warmup=Warm(), _capture_lock=lock
+    )
+    server._start_up_left = lambda: cls._start_up_left(server)
+    more = [cls._work_between_batches(server) for _ in range(4)]
+    assert calls == ["capture", "capture", "warm", "warm"]
+    assert more == [True, True, True, False]
