@@ -88,6 +88,19 @@ def actor_options(device: str) -> dict[str, Any]:
     return {**share, "runtime_env": {"env_vars": {"SERVE_APP_FAULT_HOOKS": "1"}}}
 
 
+def start_suite_cluster(device: str, replicas: int, gpus: int, timeout_s: float) -> Target:
+    """The suite's cluster: ``replicas`` of ``app_args(device)`` with ``actor_options(device)``
+    (start_cluster: Ray, Serve, HAProxy), as the fault suite and the soak both run it."""
+    return start_cluster(
+        replicas,
+        app_args(device),
+        actor_options(device),
+        num_gpus=gpus,
+        num_cpus=max(8, replicas * 2),
+        timeout_s=timeout_s,
+    )
+
+
 class Budget:
     """The run's wall-clock budget: what is left, and a deadline no later than it allows."""
 
@@ -471,14 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     gpus = launch.gpu_count() if a.device == "cuda" else 0
     if a.device == "cuda" and gpus == 0:
         p.error("--device cuda, but this machine has no CUDA GPU (use --device cpu --quick)")
-    target = start_cluster(
-        a.replicas,
-        app_args(a.device),
-        actor_options(a.device),
-        num_gpus=gpus,
-        num_cpus=max(8, a.replicas * 2),
-        timeout_s=min(240.0, budget.left()),
-    )
+    target = start_suite_cluster(a.device, a.replicas, gpus, min(240.0, budget.left()))
     meta["startup_s"] = round(time.monotonic() - t0, 1)
     meta["reliability_env"] = reliability_env()
     # NVML per process against each replica's budget for the whole run (new pids included).

@@ -43,9 +43,9 @@ from typing import Any
 import httpx
 
 from load_tests.bench.memory import BudgetWatch
-from load_tests.faults import Outcome, _pct, capacity, open_loop, reliability_env, start_cluster
+from load_tests.faults import Outcome, _pct, capacity, open_loop, reliability_env
 from load_tests.faults import tally as tally_outcomes
-from load_tests.gpu_faults import actor_options, app_args, load_shape
+from load_tests.gpu_faults import actor_options, app_args, load_shape, start_suite_cluster
 
 FLAT_BYTES = 100_000_000  # the "100 MB", decimal
 JUDGED = ("rss", "nvml")  # what `flat` is about; reserved is reported beside them
@@ -363,14 +363,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _sigterm)
     try:
-        target = start_cluster(
-            a.replicas,
-            app_args(a.device),
-            actor_options(a.device),
-            num_gpus=gpus,
-            num_cpus=max(8, a.replicas * 2),
-            timeout_s=240.0,
-        )
+        target = start_suite_cluster(a.device, a.replicas, gpus, 240.0)
         meta["startup_s"] = round(time.monotonic() - t0, 1)
         meta["reliability_env"] = reliability_env()
         memory_url = f"{target.base}/v1/memory"

@@ -37,7 +37,6 @@ class Started:
     Attributes:
         partition: the device and, on a GPU, the budget and cap.
         adapter: the model, weights loaded (and graphs captured, when they were).
-        graph_info: what ``capture_graphs`` captured, or None when skipped.
         batch_cap: the largest batch to run.
         calibration: the calibration result (measured or from the cache), or None.
         calibration_source: ``"measured"``, ``"cache"``, or None without calibration.
@@ -54,7 +53,6 @@ class Started:
 
     partition: Partition
     adapter: Any
-    graph_info: dict[str, Any] | None
     batch_cap: int
     calibration: Any
     calibration_source: str | None
@@ -83,10 +81,9 @@ def start_replica(args: AppArgs, num_gpus: float) -> Started:
         adapter = make_adapter(args)
         load_weights(adapter, partition)
     # Graphs first: their memory pool stays, so calibration must measure beside it.
-    with phases("graph_capture"):
-        graph_info = None
+    with phases("graph_capture"):  # what was captured: adapter.graphs.describe()
         if partition.on_gpu and args.cuda_graphs:
-            graph_info = capture_graphs(
+            capture_graphs(
                 adapter, partition, graph_batch_limit(args), args.cuda_graph_startup_budget_s
             )
     with phases("calibration"):
@@ -98,7 +95,6 @@ def start_replica(args: AppArgs, num_gpus: float) -> Started:
     return Started(
         partition=partition,
         adapter=adapter,
-        graph_info=graph_info,
         batch_cap=batch_cap,
         calibration=calibration,
         calibration_source=source,

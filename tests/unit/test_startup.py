@@ -30,7 +30,7 @@ def test_start_replica_on_the_cpu_runs_every_phase_in_order(monkeypatch) -> None
     assert started.partition.device.type == "cpu"
     assert started.batch_cap == 8
     assert started.calibration is None and started.calibration_source is None
-    assert started.graph_info is None and started.warmup is None
+    assert started.adapter.graphs is None and started.warmup is None
     assert started.process_started_s > 0
 
 
