@@ -16,8 +16,9 @@ request whose items are still all queued ``queue_deadline_s`` after it arrived i
 Retry-After estimate: the queue's items over the model's measured items per second.
 
 ``idle_work`` (optional) is work in small steps that must run on the model's executor between
-batches: the replica's CUDA graphs still to capture. A step runs whenever the queue is empty,
-and at least every ``IDLE_WORK_EVERY_S`` under load, so a request waits for at most one step.
+batches: the CUDA graphs and warm-up batches the replica's start-up left. A step runs whenever
+the queue is empty, and at least every ``IDLE_WORK_EVERY_S`` under load, so a request waits for
+at most one step.
 """
 
 from __future__ import annotations

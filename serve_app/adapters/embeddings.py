@@ -72,10 +72,11 @@ class EmbeddingAdapter:
         pool_cfg = _read_json(self.model_dir / "1_Pooling" / "config.json")
         self.pooling = "cls" if pool_cfg.get("pooling_mode_cls_token") else "mean"
         # The Rust tokenizer itself, read from tokenizer.json, without transformers'
-        # AutoTokenizer: its import alone took most of the ~6.5 s an H200 replica spent
-        # constructing this adapter (15 us against 24 us for one short text, too), with the
-        # truncation and padding that tokenizer.json may carry switched off: a too-long input
-        # gets a 400, never a silent cut. tests/unit check it encodes as AutoTokenizer does.
+        # AutoTokenizer: its import and from_pretrained were most of the ~6.5 s an H200
+        # replica spent constructing this adapter (15 us against 24 us for one short text, too),
+        # with the truncation and padding that tokenizer.json may carry switched off: a
+        # too-long input gets a 400, never a silent cut. tests/unit check it encodes as
+        # AutoTokenizer does.
         tok_cfg = _read_json(self.model_dir / "tokenizer_config.json")
         self._encoder = self._load_tokenizer()
         self._encoder.no_truncation()
