@@ -173,14 +173,20 @@ def start_cluster(
 ) -> Target:
     """Ray and Serve on 127.0.0.1 (HAProxy, launch.start_ray's settings) and ``replicas`` of
     the app; returns once every replica is UP in HAProxy."""
-    from serve_app import launch
+    from serve_app import launch, warmpool
 
     launch.private_haproxy_ports()
     port = launch.free_port()
     from serve_app.config import parse_args
 
     app_args = parse_args(args or ARGS)
-    launch.start_ray(num_gpus, True, num_cpus, request_timeout_s=app_args.request_timeout_s)
+    launch.start_ray(
+        num_gpus,
+        True,
+        num_cpus,
+        request_timeout_s=app_args.request_timeout_s,
+        system_config=warmpool.system_config([app_args.adapter], app_args.warm_workers),
+    )
     import ray
     from ray import serve
 

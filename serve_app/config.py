@@ -165,6 +165,15 @@ class AppArgs(BaseModel):
         "the shapes left are captured between batches once the replica serves, and run "
         "eagerly until then. 0 captures every shape after the replica serves.",
     )
+    warm_workers: int = Field(
+        default=2,
+        ge=0,
+        le=64,
+        description="Idle Ray workers each replica keeps ready on its node, started ahead of "
+        "time with torch, Ray Serve and serve_app imported (Ray's preload_python_modules, set "
+        "by serve-app run), so that a scale-up or a replacement on that node skips Ray's "
+        "worker start-up and the imports. Each costs host memory, no GPU memory. 0: none.",
+    )
     max_inputs_per_request: int = Field(default=128, ge=1, le=65536)
     max_input_tokens: int | None = Field(
         default=None,

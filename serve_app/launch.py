@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from serve_app import env, mps
+from serve_app import env, mps, warmpool
 from serve_app.config import check_deploy_config, enforcements
 from serve_app.errors import ConfigError, StartupError
 
@@ -287,10 +287,13 @@ def start_ray(
     haproxy: bool,
     num_cpus: int | None = None,
     request_timeout_s: float | None = None,
+    system_config: dict[str, Any] | None = None,
 ) -> None:
     """A local Ray with every port on 127.0.0.1. Env vars are set first so that Serve's
     controller and proxy processes inherit them. ``request_timeout_s``: the longest of the
-    apps to be deployed (default: AppArgs' default), for HAProxy's server timeout."""
+    apps to be deployed (default: AppArgs' default), for HAProxy's server timeout.
+    ``system_config``: Ray's own settings for the cluster (warmpool.system_config: the
+    modules every worker imports as it starts)."""
     import ray
 
     wanted = cluster_env(request_timeout_s)
@@ -312,6 +315,7 @@ def start_ray(
         _node_ip_address=DEFAULT_HOST,
         namespace="serve_app",
         log_to_driver=True,
+        _system_config=system_config or None,
     )
 
 
@@ -383,7 +387,12 @@ def run(doc: dict[str, Any], *, haproxy: bool = True, ready_timeout_s: float = 3
     mps_note = start_mps_if_needed(doc, gpus)
     if mps_note:
         notes.append(mps_note)
-    start_ray(gpus, haproxy, request_timeout_s=longest_request_timeout_s(doc))
+    start_ray(
+        gpus,
+        haproxy,
+        request_timeout_s=longest_request_timeout_s(doc),
+        system_config=warmpool.system_config(*warmpool.app_settings(doc)),
+    )
     deploy(doc)
     url = f"http://{host}:{port}"
     wait_ready(url, ready_timeout_s)

@@ -16,7 +16,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from serve_app import calibcache, env, faults, poison, readiness
+from serve_app import calibcache, env, faults, poison, readiness, warmpool
 from serve_app.auth import PROTECTED_PATHS, ApiKeys
 from serve_app.autoscale import replica_autoscaling_stats
 from serve_app.batcher import Batcher
@@ -85,6 +85,8 @@ class ModelServer:
         self.startup_phases_s = started.phases_s
         self._process_started_s = started.process_started_s
         self._imports_started_s = started.imports_started_s
+        self._preloaded = started.preloaded
+        self._waited_s = started.waited_s
         self.first_request_s: float | None = None  # process start to the first answer
         # the start of serve_app's import (the replica's own start) to the first answer
         self.first_request_since_imports_s: float | None = None
@@ -115,6 +117,9 @@ class ModelServer:
             # watched against its budget (escapes).
             self._watch_budget(get_or_create_monitor())
         threading.Thread(target=self._report_loop, name="report", daemon=True).start()
+        # The next replica on this node, a scale-up or a replacement, starts in a worker that
+        # is already running with the imports done (warmpool).
+        self._warm_workers = warmpool.start_keeper(self.args.warm_workers)
         logger.info(
             "replica %s ready: %s on %s, max batch %d",
             self.replica_id,
@@ -432,6 +437,9 @@ class ModelServer:
                 "first_request_since_imports_s": self.first_request_since_imports_s,
                 "process_started_at_s": self._process_started_s,
                 "imports_started_at_s": self._imports_started_s,
+                "preloaded_worker": self._preloaded,
+                "worker_waited_s": self._waited_s,
+                "warm_workers": self._warm_workers.describe() if self._warm_workers else None,
                 "cuda_graphs": graphs["graphs"] if graphs else 0,
                 "cuda_graphs_at_start": graphs["graphs_at_start"] if graphs else 0,
                 "cuda_graphs_pending": graphs["pending"] if graphs else 0,
@@ -467,3 +475,6 @@ class ModelServer:
         batcher = getattr(self, "_batcher", None)
         if batcher is not None:
             batcher.close()
+        keeper = getattr(self, "_warm_workers", None)
+        if keeper is not None:
+            keeper.stop()

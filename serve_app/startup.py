@@ -47,8 +47,10 @@ class Started:
         phases_s: seconds of each phase of ``PHASES``, after ``process`` and ``imports``
             (``PhaseTimer``), and ``total``.
         process_started_s: the process's start (epoch seconds).
-        imports_started_s: when the process began importing serve_app (epoch seconds): for a
-            replica in a worker Ray started ahead of time, when the worker was given it.
+        imports_started_s: when the process began importing serve_app (epoch seconds), or, in
+            a warm worker, when the replica's own start began.
+        preloaded: the replica started in a warm worker (warmpool).
+        waited_s: in a warm worker, from the end of its preload to the replica's first phase.
     """
 
     partition: Partition
@@ -61,6 +63,8 @@ class Started:
     phases_s: dict[str, float]
     process_started_s: float
     imports_started_s: float
+    preloaded: bool = False
+    waited_s: float | None = None
 
 
 def start_replica(args: AppArgs, num_gpus: float) -> Started:
@@ -103,6 +107,8 @@ def start_replica(args: AppArgs, num_gpus: float) -> Started:
         phases_s=phases.done(),
         process_started_s=phases.process_started_s,
         imports_started_s=phases.imports_started_s,
+        preloaded=phases.preloaded,
+        waited_s=phases.waited_s,
     )
 
 
@@ -192,22 +198,37 @@ class PhaseTimer:
     ``process``, from the worker process's start until it began importing serve_app, and
     ``imports``, from then to the first phase (serve_app, torch, Ray Serve's replica code).
 
-    Ray starts idle workers ahead of time and hands one to a new actor, so ``process`` can
-    include time a worker waited before it was given this replica: it is Ray's worker start-up
-    at most, and the replica's own start begins with ``imports``."""
+    In a warm worker (warmpool: Ray started it ahead of time and it imported all of that as it
+    started), ``process`` runs to the end of that preload and ``imports`` is 0: both happened
+    before the replica was decided on, as long as the worker had finished when Ray gave it the
+    replica. ``waited_s`` is then the time from the end of the preload to the replica's first
+    phase (the worker idle in Ray's pool, then Ray Serve's own replica set-up), and
+    ``preloaded`` is True."""
 
     def __init__(self) -> None:
         import psutil
 
         from serve_app import IMPORTED_AT_S
+        from serve_app.warmpool import preloaded_at_s
 
-        self.process_started_s = psutil.Process(os.getpid()).create_time()
-        self.imports_started_s = max(IMPORTED_AT_S, self.process_started_s)
         now = time.time()
-        self.phases_s: dict[str, float] = {
-            "process": round(self.imports_started_s - self.process_started_s, 3),
-            "imports": round(now - self.imports_started_s, 3),
-        }
+        self.process_started_s = psutil.Process(os.getpid()).create_time()
+        ready = preloaded_at_s()
+        self.preloaded = ready is not None
+        if ready is not None:
+            self.imports_started_s = now  # the replica's own start: nothing left to import
+            self.waited_s: float | None = round(max(0.0, now - ready), 3)
+            self.phases_s: dict[str, float] = {
+                "process": round(max(0.0, ready - self.process_started_s), 3),
+                "imports": 0.0,
+            }
+        else:
+            self.imports_started_s = max(IMPORTED_AT_S, self.process_started_s)
+            self.waited_s = None
+            self.phases_s = {
+                "process": round(self.imports_started_s - self.process_started_s, 3),
+                "imports": round(now - self.imports_started_s, 3),
+            }
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -218,7 +239,8 @@ class PhaseTimer:
             self.phases_s[name] = round(time.perf_counter() - t0, 3)
 
     def done(self) -> dict[str, float]:
-        """The phases, with ``total`` (process start to now)."""
+        """The phases, with ``total``: their sum (process start to now, less ``waited_s`` in a
+        warm worker)."""
         self.phases_s["total"] = round(sum(self.phases_s.values()), 3)
         logger.info("start-up phases (s): %s", self.phases_s)
         return dict(self.phases_s)

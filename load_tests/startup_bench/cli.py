@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 import yaml
 
+from load_tests.bench.memory import BudgetWatch
 from load_tests.faults import start_cluster
 from load_tests.gpu_faults import Budget
 from load_tests.side_by_side.util import log, machine_info
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     watchdog = start_watchdog(run, budget_s + WATCHDOG_GRACE_S)
     # A `timeout` or a scheduler's SIGTERM: unwind through the clean-ups below.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    watch: BudgetWatch | None = None
     try:
         if "cold" in only:
             cold_part(run, doc, repeats, part_deadline(budget, "cold", only), work)
@@ -162,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                 timeout_s=max(10.0, min(CLUSTER_START_MAX_S, budget.left())),
             )
             log(f"cluster of {replicas} replicas up ({budget.left():.0f} s of the budget left)")
+            if on_gpu:  # NVML per process, against every replica's budget, old and new
+                watch = BudgetWatch(f"{target.base}/v1/memory").start()
         if "replacement" in only:
             deadline = part_deadline(budget, "replacement", only)
             replacement_part(run, target, repeats, deadline)
@@ -172,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         run.errors.append("".join(traceback.format_exception(exc))[-3000:])
         log(f"error: {exc!r}")
     finally:
+        if watch is not None:
+            meta["budget_watch"] = watch.stop()
+            log(f"budget violations: {meta['budget_watch']['budget_violations']}")
         launch.shutdown()
         watchdog.cancel()
     meta.update(complete=True, took_s=round(time.monotonic() - t0, 1))

@@ -15,6 +15,7 @@ from typing import Any
 import psutil
 import yaml
 
+from load_tests.bench.memory import BudgetWatch
 from load_tests.faults import Load
 from load_tests.startup_bench.output import Run
 from load_tests.startup_bench.probes import POLL_S, first_200, reports, serving
@@ -76,6 +77,8 @@ def cold_once(doc: dict[str, Any], work: Path, repeat: int, deadline: float) -> 
     with out_path.open("wb") as out:
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    # On a GPU: NVML per process from the start, judged against the budgets once they show.
+    watch = BudgetWatch(f"{url}/v1/memory").start() if launch.gpu_count() else None
 
     def tick() -> None:
         if measured["cli_ready_s"] is None and "serving at" in out_path.read_text(errors="replace"):
@@ -96,10 +99,14 @@ def cold_once(doc: dict[str, Any], work: Path, repeat: int, deadline: float) -> 
                 tick()
                 time.sleep(POLL_S)
     finally:
+        budget_watch = watch.stop() if watch is not None else None
         stopped = stop_cli(proc, host, port)
     tail = out_path.read_text(errors="replace")[-1500:]
     note = None if measured["cold_ready_s"] is not None else f"never ready; CLI output: {tail}"
-    return make_row(doc_setup(doc), repeat, found, **measured, stop=stopped, note=note)
+    row = make_row(doc_setup(doc), repeat, found, **measured, stop=stopped, note=note)
+    if budget_watch is not None:
+        row["budget_watch"] = budget_watch
+    return row
 
 
 def doc_setup(doc: dict[str, Any]) -> str:

@@ -51,6 +51,13 @@ def print_summary(run: Run) -> None:
             line += f"  target {s['target']} ({s['met_by']}) met {s['met']}"
         print(line)
     print(f"phases, median s: {summary['phases_median_s']}")
+    watches = [r["budget_watch"] for r in run.rows if r.get("budget_watch")]
+    if run.meta.get("budget_watch"):
+        watches.append(run.meta["budget_watch"])
+    if watches:
+        violations = sum(int(w.get("budget_violations") or 0) for w in watches)
+        samples = sum(int(w.get("nvml_samples_judged") or 0) for w in watches)
+        print(f"budget violations: {violations} in {samples} NVML samples judged")
     for line in run.skipped + run.errors:
         print(f"note: {line}")
     print(f"wrote {run.out} in {run.meta.get('took_s')} s")

@@ -38,6 +38,9 @@ REPORT_FIELDS = (
     "cuda_graph_pool_bytes",
     "warmup_s",
     "warmup_pending",
+    "preloaded_worker",
+    "worker_waited_s",
+    "warm_workers",
 )
 # The policy's cooldowns and the load figure's window cut short, so that a ramp's decisions
 # come as fast as its replicas start and the ramp down soon after its load stops.

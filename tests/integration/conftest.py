@@ -57,7 +57,7 @@ class Cluster:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    from serve_app import launch
+    from serve_app import launch, warmpool
 
     script = tmp_path_factory.mktemp("nvml") / "nvml-script.json"
     script.write_text(json.dumps({"t0_unix_s": time.time(), "devices": {}, "steps": []}))
@@ -66,7 +66,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     # HAProxy's side ports are fixed by default; free ones let this suite run beside a server.
     launch.private_haproxy_ports()
     port = free_port()
-    launch.start_ray(num_gpus=LOGICAL_GPUS, haproxy=True, num_cpus=LOGICAL_CPUS)
+    # As serve-app run starts it: every worker preloads what a replica imports (warmpool).
+    launch.start_ray(
+        num_gpus=LOGICAL_GPUS,
+        haproxy=True,
+        num_cpus=LOGICAL_CPUS,
+        system_config=warmpool.system_config(["embeddings", "image"], 2),
+    )
     from ray import serve
 
     serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")

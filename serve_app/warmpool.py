@@ -1,0 +1,241 @@
+"""Warm Ray workers: a new replica starts in a worker that already runs, with torch, Ray
+Serve's replica code and serve_app imported.
+
+Ray gives a new actor an idle worker from its node's pool when there is one; otherwise it
+starts a Python process (Ray's worker start-up: 1.2 s on a laptop-class CPU, 3.2 to 3.6 s
+measured on the H200 host), and the replica then imports torch, Ray Serve's replica code and
+serve_app (1 to 4 s). Both sat on the path of every scale-up and every replacement. Two of
+Ray's own mechanisms take them off it:
+
+- ``preload_python_modules``, a Ray system setting: every Python worker imports these modules
+  as it starts, before it waits in the pool. ``serve-app run`` sets it (``system_config``); a
+  cluster started with ``ray start`` takes it in ``--system-config`` (docs/controller.md).
+- The raylet's PrestartWorkers call, the one Ray's own prestart uses: idle workers started
+  ahead of time and kept ``KEEP_ALIVE_S`` against Ray's idle-worker reaping.
+
+Every replica keeps its node's pool at ``warm_workers`` idle workers (``Keeper``: a check every
+``CHECK_PERIOD_S``), so that the next replica on the node, a scale-up or a replacement, finds
+one. A warm worker costs host memory (its imports, ``warm_worker_rss_bytes`` in the report),
+no GPU memory: nothing in it touches CUDA until Ray gives it a replica and a GPU share.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("serve_app")
+
+CHECK_PERIOD_S = 2.0
+KEEP_ALIVE_S = 3600
+PRESTART_TIMEOUT_S = 5.0
+# What every replica imports, then what each adapter adds; serve_app.preloaded last (its import
+# time marks the end of the preload).
+BASE_MODULES = ("torch", "ray.serve._private.replica", "serve_app.replica")
+ADAPTER_MODULES = {
+    "embeddings": ("transformers.models.bert.modeling_bert", "serve_app.adapters.embeddings"),
+    "image": ("torchvision.models", "serve_app.adapters.image"),
+}
+MARKER_MODULE = "serve_app.preloaded"
+
+
+def preload_modules(adapters: Iterable[str]) -> list[str]:
+    """The modules a Ray worker should import as it starts, for replicas of ``adapters``."""
+    modules = list(BASE_MODULES)
+    for kind in sorted(set(adapters)):
+        modules.extend(m for m in ADAPTER_MODULES.get(kind, ()) if m not in modules)
+    modules.append(MARKER_MODULE)
+    return modules
+
+
+def app_settings(doc: dict[str, Any]) -> tuple[list[str], int]:
+    """A deploy config's adapters (those of its serve_app applications) and the largest
+    ``warm_workers`` among them."""
+    from serve_app.config import parse_args
+
+    adapters: list[str] = []
+    most = 0
+    for app in doc.get("applications") or []:
+        if not str(app.get("import_path", "")).startswith("serve_app."):
+            continue
+        args = parse_args(app.get("args") or {})
+        adapters.append(args.adapter)
+        most = max(most, args.warm_workers)
+    return adapters, most
+
+
+def system_config(adapters: Iterable[str], warm_workers: int) -> dict[str, Any]:
+    """Ray's ``_system_config`` for a cluster serving ``adapters``: the preload list, when
+    warm workers are on (``warm_workers`` > 0) and there is an adapter to preload for."""
+    kinds = list(adapters)
+    if warm_workers <= 0 or not kinds:
+        return {}
+    return {"preload_python_modules": preload_modules(kinds)}
+
+
+def preloaded_at_s() -> float | None:
+    """When this worker finished its preload (epoch seconds), or None if it did not preload."""
+    import sys
+
+    marker = sys.modules.get(MARKER_MODULE)
+    return getattr(marker, "AT_S", None)
+
+
+def _is_python_worker(cmdline: list[str]) -> tuple[bool, bool]:
+    """(a Ray Python worker, idle): idle workers carry the title ``ray::IDLE``; one still
+    starting shows default_worker.py until it names itself."""
+    if not cmdline:
+        return False, False
+    first = cmdline[0]
+    if first.startswith("ray::"):
+        return True, first.startswith("ray::IDLE")
+    starting = any(part.endswith("default_worker.py") for part in cmdline[:3])
+    return starting, starting
+
+
+def idle_workers(raylet_pid: int) -> list[int]:
+    """Pids of the raylet's Python workers that are idle or still starting."""
+    import psutil
+
+    try:
+        children = psutil.Process(raylet_pid).children()
+    except psutil.Error:
+        return []
+    pids = []
+    for child in children:
+        try:
+            worker, idle = _is_python_worker(child.cmdline())
+        except psutil.Error:
+            continue
+        if worker and idle:
+            pids.append(child.pid)
+    return pids
+
+
+def workers_rss_bytes(pids: Iterable[int]) -> int:
+    """Resident bytes of these processes together (those still there)."""
+    import psutil
+
+    total = 0
+    for pid in pids:
+        try:
+            total += psutil.Process(pid).memory_info().rss
+        except psutil.Error:
+            continue
+    return total
+
+
+def _ray_node() -> Any:
+    """This process's Ray node (its raylet's address, the session directory)."""
+    import ray
+
+    node = ray._private.worker.global_worker.node
+    if node is None:
+        raise RuntimeError("not connected to Ray")
+    return node
+
+
+def prestart(count: int, keep_alive_s: int = KEEP_ALIVE_S) -> None:
+    """Ask this node's raylet for ``count`` idle Python workers, kept ``keep_alive_s``, with
+    this worker's runtime environment (so that a replica of the same deployment can take one).
+
+    Raises:
+        grpc.RpcError: the raylet refused or did not answer.
+    """
+    import ray
+    from ray._private.grpc_utils import init_grpc_channel
+    from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
+
+    node = _ray_node()
+    channel = init_grpc_channel(f"{node.node_ip_address}:{node.node_manager_port}")
+    try:
+        # Generated protobuf modules: no type stubs.
+        request = node_manager_pb2.PrestartWorkersRequest(  # type: ignore[attr-defined]
+            language=common_pb2.PYTHON,  # type: ignore[attr-defined]
+            keep_alive_duration_secs=keep_alive_s,
+            num_workers=count,
+        )
+        runtime_env = ray.get_runtime_context().get_runtime_env_string()
+        if runtime_env not in ("", "{}"):
+            request.runtime_env_info.serialized_runtime_env = runtime_env
+        stub = node_manager_pb2_grpc.NodeManagerServiceStub(channel)
+        stub.PrestartWorkers(request, timeout=PRESTART_TIMEOUT_S)
+    finally:
+        channel.close()
+
+
+class Keeper:
+    """Keeps this node's pool at ``target`` idle workers: every ``period_s``, under a lock that
+    the node's replicas share (a file in Ray's session directory), counts the raylet's idle
+    and starting Python workers and asks for the difference."""
+
+    def __init__(self, target: int, raylet_pid: int, lock_path: Path, period_s: float):
+        self.target = target
+        self.raylet_pid = raylet_pid
+        self.lock_path = lock_path
+        self.period_s = period_s
+        self.requested = 0  # workers this keeper asked for
+        self.idle = 0  # idle or starting workers at the last check
+        self.idle_rss_bytes = 0
+        self.last_error: str | None = None
+        self._stop = threading.Event()
+
+    def check(self) -> int:
+        """One top-up; how many workers it asked for."""
+        with open(self.lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                pids = idle_workers(self.raylet_pid)
+                self.idle = len(pids)
+                missing = max(0, self.target - self.idle)
+                if missing:
+                    prestart(missing)
+                    self.requested += missing
+                    self.idle += missing
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        self.idle_rss_bytes = workers_rss_bytes(pids)
+        return missing
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.check():
+                    logger.info("warm workers: asked for more; %d idle", self.idle)
+                self.last_error = None
+            except Exception as exc:  # noqa: BLE001 - keep serving; the report says why
+                if self.last_error is None:
+                    logger.warning("warm workers: top-up failed: %r", exc)
+                self.last_error = repr(exc)[:300]
+            self._stop.wait(self.period_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "idle": self.idle,
+            "requested": self.requested,
+            "idle_rss_bytes": self.idle_rss_bytes,
+            "error": self.last_error,
+        }
+
+
+def start_keeper(target: int) -> Keeper | None:
+    """A Keeper for this node (on a daemon thread), or None when ``target`` is 0 or this is
+    not a Ray worker."""
+    if target <= 0:
+        return None
+    raylet_pid = os.environ.get("RAY_RAYLET_PID")
+    if not raylet_pid:
+        return None
+    lock_path = Path(_ray_node().get_session_dir_path()) / "serve_app_warm_workers.lock"
+    keeper = Keeper(target, int(raylet_pid), lock_path, CHECK_PERIOD_S)
+    threading.Thread(target=keeper.run, name="warm-workers", daemon=True).start()
+    return keeper
