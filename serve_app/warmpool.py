@@ -31,7 +31,7 @@ from typing import Any
 
 logger = logging.getLogger("serve_app")
 
-CHECK_PERIOD_S = 2.0
+CHECK_PERIOD_S = 1.0
 KEEP_ALIVE_S = 3600
 PRESTART_TIMEOUT_S = 5.0
 # What every replica imports, then what each adapter adds; serve_app.preloaded last (its import
