@@ -1,31 +1,22 @@
 #!/usr/bin/env bash
 # Compile Python bytecode for what a replica imports, as pip does by default when it installs.
-# The GPU host installs its wheels with --no-compile and sets PYTHONDONTWRITEBYTECODE=1, so
-# without this every Ray worker compiles Ray, Serve, pydantic, FastAPI... from source as it
-# starts (load_tests/import_probe: 13 to 18 s of imports per process there; docs/controller.md).
-# Writable package directories get __pycache__ in place. If one is read-only, all of it (and
-# the standard library) goes under a PYTHONPYCACHEPREFIX instead, which the caller exports:
-# Usage: eval "$(bash scripts/compile_bytecode.sh)"   (after the GPU host's install line)
+# The GPU host installs torch and our wheels without bytecode and sets PYTHONDONTWRITEBYTECODE=1,
+# so without this every Ray worker compiles torch, transformers, Ray... from source as it
+# starts (load_tests/import_probe: 13 to 24 s of imports per process there; docs/controller.md).
+# Writes __pycache__ next to the sources (the directories must be writable, as they are there).
+# Usage: bash scripts/compile_bytecode.sh   (after the GPU host's install line)
 set -u
-python3 -W ignore - <<'PY'
-import compileall, importlib.util, os, sys, sysconfig, time
-
-t0 = time.perf_counter()
+T0=$(date +%s)
+DIRS=$(python3 - <<'PY'
+import importlib.util, os
 sites = set()
-for name in ("torch", "transformers", "torchvision", "ray", "fastapi", "pydantic"):
+for name in ("torch", "transformers", "torchvision", "ray", "fastapi", "pydantic", "numpy"):
     spec = importlib.util.find_spec(name)
     if spec and spec.submodule_search_locations:
         sites.add(os.path.dirname(list(spec.submodule_search_locations)[0]))
-dirs = sorted(sites) + [os.path.join(os.getcwd(), d) for d in ("serve_app", "load_tests")]
-prefix = None
-if not all(os.access(d, os.W_OK) for d in dirs):
-    prefix = "/tmp/pycache"
-    sys.pycache_prefix = prefix
-    dirs.append(sysconfig.get_paths()["stdlib"])
-for d in dirs:
-    compileall.compile_dir(d, quiet=2, workers=os.cpu_count() or 1)
-took = time.perf_counter() - t0
-print(f"echo 'bytecode: {len(dirs)} trees compiled in {took:.0f} s (prefix: {prefix})'")
-if prefix:
-    print(f"export PYTHONPYCACHEPREFIX={prefix}")
+print(" ".join(sorted(sites) + ["serve_app", "load_tests"]))
 PY
+)
+# -j 0: one process per core; tests and benchmarks inside packages are skipped.
+python3 -W ignore -m compileall -q -j 0 -x '/(tests?|testing|benchmarks)/' $DIRS > /dev/null 2>&1
+echo "bytecode compiled in $(( $(date +%s) - T0 )) s: $DIRS"

@@ -39,7 +39,7 @@ PRESTART_TIMEOUT_S = 5.0
 BASE_MODULES = ("torch", "ray.serve._private.replica", "serve_app.replica")
 ADAPTER_MODULES = {
     "embeddings": ("transformers.models.bert.modeling_bert", "serve_app.adapters.embeddings"),
-    "image": ("torchvision.models", "serve_app.adapters.image"),
+    "image-classification": ("serve_app.adapters.image",),
 }
 MARKER_MODULE = "serve_app.preloaded"
 

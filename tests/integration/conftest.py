@@ -71,7 +71,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         num_gpus=LOGICAL_GPUS,
         haproxy=True,
         num_cpus=LOGICAL_CPUS,
-        system_config=warmpool.system_config(["embeddings", "image"], 2),
+        system_config=warmpool.system_config(["embeddings", "image-classification"], 2),
     )
     from ray import serve
 

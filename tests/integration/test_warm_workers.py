@@ -1,0 +1,68 @@
+"""Warm workers on a real Ray cluster (preloaded as serve-app run starts it): the first
+replica's keeper asks the raylet for idle workers, and a scale-up's replica starts in one of
+them, its imports done before it was asked for."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import psutil
+
+from serve_app import warmpool
+
+MODEL = "warm-minilm"
+ARGS = {"adapter": "embeddings", "model_name": MODEL, "max_batch_size": 8, "warm_workers": 2}
+OPTIONS = {"ray_actor_options": {"num_cpus": 0.25}}
+
+
+def mine(base: str) -> list[dict[str, Any]]:
+    reports = httpx.get(f"{base}/v1/memory", timeout=30.0).json()["replicas"]
+    return [r for r in reports if r["app"] == MODEL]
+
+
+def wait_for(what: str, check: Any, timeout_s: float = 120.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not after {timeout_s:.0f} s; last {last!r}")
+
+
+def test_scale_up_starts_in_a_warm_worker(cluster) -> None:
+    base = cluster.deploy("warm", "/warm", ARGS, num_replicas=1, **OPTIONS)
+    try:
+        first = wait_for(
+            "the keeper's pool",
+            lambda: [
+                r
+                for r in mine(base)
+                if (r["warm_workers"] or {}).get("idle", 0) >= 2
+                and r["warm_workers"]["error"] is None
+            ],
+        )[0]
+        raylet_pid = psutil.Process(first["pid"]).ppid()
+        idle_before = set(warmpool.idle_workers(raylet_pid))
+        assert len(idle_before) >= 2, idle_before
+
+        cluster.deploy("warm", "/warm", ARGS, num_replicas=2, **OPTIONS)
+        reps = wait_for("the second replica's report", lambda: len(mine(base)) == 2 and mine(base))
+        new = next(r for r in reps if r["replica_id"] != first["replica_id"])
+        # It took a worker that was idle before it was asked for, preloaded: no imports of its own.
+        assert new["pid"] in idle_before, (new["pid"], idle_before)
+        assert new["preloaded_worker"] is True
+        assert new["startup_phases_s"]["imports"] == 0.0
+        assert new["worker_waited_s"] is not None and new["worker_waited_s"] >= 0.0
+        # ...and it serves.
+        resp = httpx.post(
+            f"{base}/v1/embeddings", json={"input": "warm", "model": MODEL}, timeout=60.0
+        )
+        assert resp.status_code == 200, resp.text
+        # The pool is topped up again.
+        wait_for("the pool topped up", lambda: len(warmpool.idle_workers(raylet_pid)) >= 2)
+    finally:
+        cluster.delete("warm")

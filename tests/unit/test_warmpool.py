@@ -1,0 +1,145 @@
+"""warmpool's pure logic: the preload list, Ray's setting from a deploy config, which of the
+raylet's children are idle workers, and the keeper's top-up arithmetic (the raylet call itself
+is tested on a real cluster: tests/integration/test_warm_workers.py)."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from serve_app import warmpool
+from serve_app.config import parse_args
+from serve_app.errors import ConfigError
+
+
+def test_preload_list_per_adapter_marker_last() -> None:
+    emb = warmpool.preload_modules(["embeddings"])
+    assert emb[:3] == ["torch", "ray.serve._private.replica", "serve_app.replica"]
+    assert "transformers.models.bert.modeling_bert" in emb
+    assert "serve_app.adapters.image" not in emb
+    assert emb[-1] == warmpool.MARKER_MODULE
+    both = warmpool.preload_modules(["image-classification", "embeddings", "image-classification"])
+    assert both[-1] == warmpool.MARKER_MODULE
+    assert len(both) == len(set(both)) and "serve_app.adapters.image" in both
+
+
+def test_preload_list_imports_on_the_cpu_install() -> None:
+    """Every module named is importable here (Ray would log and skip one that is not)."""
+    import importlib.util
+
+    for name in warmpool.preload_modules(["embeddings", "image-classification"]):
+        assert importlib.util.find_spec(name) is not None, name
+
+
+def test_system_config_from_a_deploy_config() -> None:
+    doc: dict[str, Any] = {
+        "applications": [
+            {"name": "a", "import_path": "serve_app.app:build_app", "args": {}},
+            {
+                "name": "b",
+                "import_path": "serve_app.app:build_app",
+                "args": {
+                    "adapter": "image-classification",
+                    "warm_workers": 3,
+                    "load_format": "dummy",
+                },
+            },
+            {"name": "other", "import_path": "someone_else:app", "args": {"warm_workers": 9}},
+        ]
+    }
+    adapters, most = warmpool.app_settings(doc)
+    assert sorted(adapters) == ["embeddings", "image-classification"] and most == 3
+    config = warmpool.system_config(adapters, most)
+    assert config == {"preload_python_modules": warmpool.preload_modules(adapters)}
+    assert warmpool.system_config(adapters, 0) == {}  # warm workers off: no preload either
+    assert warmpool.system_config([], 2) == {}
+
+
+def test_warm_workers_is_validated() -> None:
+    assert parse_args({}).warm_workers == 2
+    with pytest.raises(ConfigError, match="warm_workers"):
+        parse_args({"warm_workers": -1})
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "expected"),
+    [
+        (["ray::IDLE"], (True, True)),
+        (["ray::ServeReplica:app:model"], (True, False)),
+        (["/usr/bin/python3", "/x/ray/_private/workers/default_worker.py", "--a"], (True, True)),
+        (["/x/raylet", "--flag"], (False, False)),
+        ([], (False, False)),
+    ],
+)
+def test_which_children_are_idle_workers(cmdline: list[str], expected: tuple[bool, bool]) -> None:
+    assert warmpool._is_python_worker(cmdline) == expected
+
+
+def test_keeper_asks_for_the_difference(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    idle = [[11], [11, 12, 13], [11, 12]]  # what each check sees
+    asked: list[int] = []
+    monkeypatch.setattr(warmpool, "idle_workers", lambda pid: idle.pop(0))
+    monkeypatch.setattr(warmpool, "prestart", lambda n, keep_alive_s=0: asked.append(n))
+    monkeypatch.setattr(warmpool, "workers_rss_bytes", lambda pids: 100 * len(list(pids)))
+    keeper = warmpool.Keeper(3, 1, tmp_path / "lock", period_s=0.01)
+    assert keeper.check() == 2  # one idle of 3: asks for 2
+    assert keeper.check() == 0  # three idle
+    assert keeper.check() == 1
+    assert asked == [2, 1]
+    assert keeper.describe() == {
+        "target": 3,
+        "idle": 3,
+        "requested": 3,
+        "idle_rss_bytes": 200,
+        "error": None,
+    }
+    assert (tmp_path / "lock").exists()
+
+
+def test_keeper_reports_a_failing_raylet_call(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(warmpool, "idle_workers", lambda pid: [])
+
+    def refuse(n: int, keep_alive_s: int = 0) -> None:
+        raise RuntimeError("raylet said no")
+
+    monkeypatch.setattr(warmpool, "prestart", refuse)
+    keeper = warmpool.Keeper(1, 1, tmp_path / "lock", period_s=0.01)
+    monkeypatch.setattr(keeper._stop, "wait", lambda t: keeper._stop.set() or True)
+    keeper.run()  # one round: the error is kept for the report, the thread does not die
+    assert "raylet said no" in (keeper.describe()["error"] or "")
+
+
+def test_no_keeper_without_a_target_or_outside_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert warmpool.start_keeper(0) is None
+    monkeypatch.delenv("RAY_RAYLET_PID", raising=False)
+    assert warmpool.start_keeper(2) is None
+
+
+def test_phase_timer_in_a_warm_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    import psutil
+
+    from serve_app.startup import PhaseTimer
+
+    started = psutil.Process().create_time()
+    preloaded_s = (time.time() - started) / 2  # the preload ended halfway to now
+    marker = types.ModuleType(warmpool.MARKER_MODULE)
+    marker.AT_S = started + preloaded_s  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, warmpool.MARKER_MODULE, marker)
+    timer = PhaseTimer()
+    assert timer.preloaded
+    assert timer.phases_s["process"] == pytest.approx(preloaded_s, abs=0.01)
+    assert timer.phases_s["imports"] == 0.0
+    assert timer.waited_s == pytest.approx(preloaded_s, abs=0.5)
+
+    monkeypatch.delitem(sys.modules, warmpool.MARKER_MODULE)
+    cold = PhaseTimer()
+    assert not cold.preloaded and cold.waited_s is None
+    assert cold.phases_s["imports"] >= 0.0
