@@ -439,6 +439,7 @@ class ModelServer:
                 "imports_started_at_s": self._imports_started_s,
                 "preloaded_worker": self._preloaded,
                 "worker_waited_s": self._waited_s,
+                "torch_threads": torch.get_num_threads(),
                 "warm_workers": self._warm_workers.describe() if self._warm_workers else None,
                 "cuda_graphs": graphs["graphs"] if graphs else 0,
                 "cuda_graphs_at_start": graphs["graphs_at_start"] if graphs else 0,

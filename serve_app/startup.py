@@ -74,8 +74,10 @@ def start_replica(args: AppArgs, num_gpus: float) -> Started:
         StartupError: a phase cannot complete (the message names the setting to change).
     """
     from serve_app.adapters import make_adapter
+    from serve_app.warmpool import match_a_fresh_worker
 
     phases = PhaseTimer()
+    match_a_fresh_worker()  # a warm worker imported torch before Ray set OMP_NUM_THREADS
     # The partition comes first, before anything that could touch CUDA: under MPS enforcement
     # it sets the replica's driver limit in the environment, which the driver reads once, when
     # CUDA initialises (mps.py); CUDA initialised earlier would run the replica without it.

@@ -22,9 +22,11 @@ no GPU memory: nothing in it touches CUDA until Ray gives it a replica and a GPU
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ logger = logging.getLogger("serve_app")
 CHECK_PERIOD_S = 1.0
 KEEP_ALIVE_S = 3600
 PRESTART_TIMEOUT_S = 5.0
+NEW_WORKER_WAIT_S = 3.0  # for the raylet's new workers to show among its children
 # What every replica imports, then what each adapter adds; serve_app.preloaded last (its import
 # time marks the end of the preload).
 BASE_MODULES = ("torch", "ray.serve._private.replica", "serve_app.replica")
@@ -86,6 +89,25 @@ def preloaded_at_s() -> float | None:
     return getattr(marker, "AT_S", None)
 
 
+def match_a_fresh_worker() -> int | None:
+    """In a warm worker, torch's thread count as a fresh worker's would be; the count set, or
+    None when this worker did not preload.
+
+    Ray sets ``OMP_NUM_THREADS`` to the actor's ``num_cpus`` when it gives the worker the
+    actor; a fresh worker imports torch after that, but a warm one imported it before, when
+    OpenMP read no such variable and sized its pool to every core of the host. Left so, each
+    replica's CPU work would spread over all cores and crowd its neighbours."""
+    if preloaded_at_s() is None:
+        return None
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if not threads or not threads.isdigit() or int(threads) < 1:
+        return None
+    import torch
+
+    torch.set_num_threads(int(threads))
+    return int(threads)
+
+
 def _is_python_worker(cmdline: list[str]) -> tuple[bool, bool]:
     """(a Ray Python worker, idle): idle workers carry the title ``ray::IDLE``; one still
     starting shows default_worker.py until it names itself."""
@@ -98,23 +120,26 @@ def _is_python_worker(cmdline: list[str]) -> tuple[bool, bool]:
     return starting, starting
 
 
-def idle_workers(raylet_pid: int) -> list[int]:
-    """Pids of the raylet's Python workers that are idle or still starting."""
+def _children(raylet_pid: int) -> list[tuple[int, list[str]]]:
+    """The raylet's child processes: (pid, command line)."""
     import psutil
 
     try:
         children = psutil.Process(raylet_pid).children()
     except psutil.Error:
         return []
-    pids = []
+    out = []
     for child in children:
         try:
-            worker, idle = _is_python_worker(child.cmdline())
+            out.append((child.pid, child.cmdline()))
         except psutil.Error:
             continue
-        if worker and idle:
-            pids.append(child.pid)
-    return pids
+    return out
+
+
+def idle_workers(raylet_pid: int) -> list[int]:
+    """Pids of the raylet's Python workers that are idle or still starting."""
+    return [pid for pid, cmd in _children(raylet_pid) if all(_is_python_worker(cmd))]
 
 
 def workers_rss_bytes(pids: Iterable[int]) -> int:
@@ -169,10 +194,23 @@ def prestart(count: int, keep_alive_s: int = KEEP_ALIVE_S) -> None:
         channel.close()
 
 
+def _read_pids(text: str) -> list[int]:
+    """The warm workers' pids in the lock file (an empty or unreadable file: none)."""
+    try:
+        pids = json.loads(text) if text.strip() else []
+    except ValueError:
+        return []
+    return [int(p) for p in pids if isinstance(p, int)] if isinstance(pids, list) else []
+
+
 class Keeper:
-    """Keeps this node's pool at ``target`` idle workers: every ``period_s``, under a lock that
-    the node's replicas share (a file in Ray's session directory), counts the raylet's idle
-    and starting Python workers and asks for the difference."""
+    """Keeps this node's pool at ``target`` warm workers: every ``period_s``, under a lock that
+    the node's replicas share (a file in Ray's session directory, which also lists the warm
+    workers' pids), counts the warm workers still idle and asks the raylet for the difference.
+
+    Only workers asked for this way count: an idle worker that once ran a task belongs to that
+    task's job, and Ray does not give it an actor, so the raylet's idle workers in general are
+    not all warm ones."""
 
     def __init__(self, target: int, raylet_pid: int, lock_path: Path, period_s: float):
         self.target = target
@@ -180,27 +218,46 @@ class Keeper:
         self.lock_path = lock_path
         self.period_s = period_s
         self.requested = 0  # workers this keeper asked for
-        self.idle = 0  # idle or starting workers at the last check
+        self.idle = 0  # warm workers idle or starting at the last check
         self.idle_rss_bytes = 0
         self.last_error: str | None = None
         self._stop = threading.Event()
 
     def check(self) -> int:
         """One top-up; how many workers it asked for."""
-        with open(self.lock_path, "a") as lock:
+        with open(self.lock_path, "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                pids = idle_workers(self.raylet_pid)
-                self.idle = len(pids)
-                missing = max(0, self.target - self.idle)
+                lock.seek(0)
+                tracked = _read_pids(lock.read())
+                idle = set(idle_workers(self.raylet_pid))
+                warm = [pid for pid in tracked if pid in idle]
+                missing = max(0, self.target - len(warm))
                 if missing:
+                    before = {pid for pid, _ in _children(self.raylet_pid)}
                     prestart(missing)
                     self.requested += missing
-                    self.idle += missing
+                    warm += self._new_workers(before, missing)
+                lock.seek(0)
+                lock.truncate()
+                lock.write(json.dumps(warm))
+                lock.flush()
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
-        self.idle_rss_bytes = workers_rss_bytes(pids)
+        self.idle = len(warm)
+        self.idle_rss_bytes = workers_rss_bytes(warm)
         return missing
+
+    def _new_workers(self, before: set[int], count: int) -> list[int]:
+        """The pids of Python workers the raylet started since ``before`` (up to ``count``),
+        waiting up to NEW_WORKER_WAIT_S for them to appear."""
+        deadline = time.monotonic() + NEW_WORKER_WAIT_S
+        new: list[int] = []
+        while True:
+            new = [p for p in idle_workers(self.raylet_pid) if p not in before][:count]
+            if len(new) >= count or time.monotonic() >= deadline:
+                return new
+            time.sleep(0.02)
 
     def run(self) -> None:
         while not self._stop.is_set():

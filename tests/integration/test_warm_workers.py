@@ -57,6 +57,9 @@ def test_scale_up_starts_in_a_warm_worker(cluster) -> None:
         assert new["preloaded_worker"] is True
         assert new["startup_phases_s"]["imports"] == 0.0
         assert new["worker_waited_s"] is not None and new["worker_waited_s"] >= 0.0
+        # torch's threads as in a fresh worker: num_cpus 0.25 -> Ray's OMP_NUM_THREADS=1, which
+        # the preload (before Ray set it) did not see.
+        assert new["torch_threads"] == 1, new["torch_threads"]
         # ...and it serves.
         resp = httpx.post(
             f"{base}/v1/embeddings", json={"input": "warm", "model": MODEL}, timeout=60.0

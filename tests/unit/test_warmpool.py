@@ -4,6 +4,7 @@ is tested on a real cluster: tests/integration/test_warm_workers.py)."""
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 from pathlib import Path
@@ -79,31 +80,68 @@ def test_which_children_are_idle_workers(cmdline: list[str], expected: tuple[boo
     assert warmpool._is_python_worker(cmdline) == expected
 
 
-def test_keeper_asks_for_the_difference(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    idle = [[11], [11, 12, 13], [11, 12]]  # what each check sees
-    asked: list[int] = []
-    monkeypatch.setattr(warmpool, "idle_workers", lambda pid: idle.pop(0))
-    monkeypatch.setattr(warmpool, "prestart", lambda n, keep_alive_s=0: asked.append(n))
+class FakeRaylet:
+    """The raylet's children as the keeper sees them: ``prestart`` adds idle workers."""
+
+    def __init__(self, idle: list[int], busy: list[int]):
+        self.idle = list(idle)
+        self.busy = list(busy)
+        self.next_pid = 100
+        self.asked: list[int] = []
+
+    def children(self, raylet_pid: int) -> list[tuple[int, list[str]]]:
+        return [(p, ["ray::IDLE"]) for p in self.idle] + [
+            (p, ["ray::ServeReplica:a:model"]) for p in self.busy
+        ]
+
+    def prestart(self, count: int, keep_alive_s: int = 0) -> None:
+        self.asked.append(count)
+        for _ in range(count):
+            self.idle.append(self.next_pid)
+            self.next_pid += 1
+
+    def give_to_an_actor(self, pid: int) -> None:
+        self.idle.remove(pid)
+        self.busy.append(pid)
+
+
+def test_keeper_counts_only_its_own_warm_workers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    raylet = FakeRaylet(idle=[11], busy=[12])  # 11: idle, but not one the keeper asked for
+    monkeypatch.setattr(warmpool, "_children", raylet.children)
+    monkeypatch.setattr(warmpool, "prestart", raylet.prestart)
     monkeypatch.setattr(warmpool, "workers_rss_bytes", lambda pids: 100 * len(list(pids)))
-    keeper = warmpool.Keeper(3, 1, tmp_path / "lock", period_s=0.01)
-    assert keeper.check() == 2  # one idle of 3: asks for 2
-    assert keeper.check() == 0  # three idle
-    assert keeper.check() == 1
-    assert asked == [2, 1]
+    lock = tmp_path / "lock"
+    keeper = warmpool.Keeper(2, 1, lock, period_s=0.01)
+    assert keeper.check() == 2 and raylet.idle == [11, 100, 101]
+    assert json.loads(lock.read_text()) == [100, 101]  # what the node's keepers share
+    assert keeper.check() == 0  # both still idle
+    raylet.give_to_an_actor(100)  # a new replica took one
+    other = warmpool.Keeper(2, 1, lock, period_s=0.01)  # a neighbour's keeper on the node
+    assert other.check() == 1 and json.loads(lock.read_text()) == [101, 102]
+    assert keeper.check() == 0
+    assert raylet.asked == [2, 1]
     assert keeper.describe() == {
-        "target": 3,
-        "idle": 3,
-        "requested": 3,
+        "target": 2,
+        "idle": 2,
+        "requested": 2,
         "idle_rss_bytes": 200,
         "error": None,
     }
-    assert (tmp_path / "lock").exists()
+
+
+def test_keeper_reads_a_damaged_list_as_empty() -> None:
+    assert warmpool._read_pids("") == []
+    assert warmpool._read_pids("not json") == []
+    assert warmpool._read_pids('{"a": 1}') == []
+    assert warmpool._read_pids('[3, 4, "x"]') == [3, 4]
 
 
 def test_keeper_reports_a_failing_raylet_call(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(warmpool, "idle_workers", lambda pid: [])
+    monkeypatch.setattr(warmpool, "_children", lambda pid: [])
 
     def refuse(n: int, keep_alive_s: int = 0) -> None:
         raise RuntimeError("raylet said no")
