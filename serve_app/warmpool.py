@@ -33,7 +33,7 @@ from typing import Any
 
 logger = logging.getLogger("serve_app")
 
-CHECK_PERIOD_S = 1.0
+CHECK_PERIOD_S = 2.0
 KEEP_ALIVE_S = 3600
 PRESTART_TIMEOUT_S = 5.0
 NEW_WORKER_WAIT_S = 3.0  # for the raylet's new workers to show among its children
@@ -137,6 +137,17 @@ def _children(raylet_pid: int) -> list[tuple[int, list[str]]]:
     return out
 
 
+def _idle_child(pid: int, raylet_pid: int) -> bool:
+    """Whether ``pid`` is still one of the raylet's Python workers, idle or starting."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return proc.ppid() == raylet_pid and all(_is_python_worker(proc.cmdline()))
+    except psutil.Error:
+        return False
+
+
 def idle_workers(raylet_pid: int) -> list[int]:
     """Pids of the raylet's Python workers that are idle or still starting."""
     return [pid for pid, cmd in _children(raylet_pid) if all(_is_python_worker(cmd))]
@@ -229,9 +240,9 @@ class Keeper:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 lock.seek(0)
-                tracked = _read_pids(lock.read())
-                idle = set(idle_workers(self.raylet_pid))
-                warm = [pid for pid in tracked if pid in idle]
+                # Only the listed pids are looked at (a few /proc reads): a scan of every
+                # process, for the raylet's children, happens only when workers are asked for.
+                warm = [p for p in _read_pids(lock.read()) if _idle_child(p, self.raylet_pid)]
                 missing = max(0, self.target - len(warm))
                 if missing:
                     before = {pid for pid, _ in _children(self.raylet_pid)}

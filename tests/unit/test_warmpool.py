@@ -110,6 +110,7 @@ def test_keeper_counts_only_its_own_warm_workers(
 ) -> None:
     raylet = FakeRaylet(idle=[11], busy=[12])  # 11: idle, but not one the keeper asked for
     monkeypatch.setattr(warmpool, "_children", raylet.children)
+    monkeypatch.setattr(warmpool, "_idle_child", lambda pid, raylet_pid: pid in raylet.idle)
     monkeypatch.setattr(warmpool, "prestart", raylet.prestart)
     monkeypatch.setattr(warmpool, "workers_rss_bytes", lambda pids: 100 * len(list(pids)))
     lock = tmp_path / "lock"
