@@ -3,6 +3,7 @@ configs/gpu-shared.yaml, and every Ray container gets the variables `serve-app r
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -73,3 +74,11 @@ def test_a_gpu_worker_group_with_one_gpu_per_pod() -> None:
         for d in app["deployments"]
     )
     assert need <= gpu["minReplicas"] * 1
+
+
+def test_the_head_preloads_what_serve_app_run_would() -> None:
+    from serve_app import warmpool
+
+    head = rayservice()["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]
+    wanted = warmpool.system_config(*warmpool.app_settings(serve_config()))
+    assert wanted and json.loads(head["system-config"]) == wanted
