@@ -42,26 +42,40 @@ def _cell(key: str, value: Any) -> str:
 
 def startup_line(rep: dict[str, Any]) -> str | None:
     """A replica's start-up phases in seconds, in order (``process``: Ray's worker start-up,
-    or a worker started ahead of time waiting; ``imports``: the replica's own start), the
-    calibration's source, and when the first request was answered (from the process's start,
-    and from the imports)."""
+    or, in a warm worker, its start and preload ahead of time; ``imports``: the replica's own
+    imports), the calibration's source, when the first request was answered (from the
+    process's start, and from the imports or the replica's own start), and the node's warm
+    workers as its keeper last saw them."""
     phases = rep.get("startup_phases_s")
     if not isinstance(phases, dict) or not phases:
         return None
+    warm = bool(rep.get("preloaded_worker"))
     parts = []
     for name, seconds in phases.items():
         part = f"{name} {float(seconds):.2f}"
         if name == "calibration" and rep.get("calibration_source"):
             part += f" ({rep['calibration_source']})"
+        if name == "process" and warm:
+            waited = rep.get("worker_waited_s")
+            part += " (warm worker" + (
+                f", ready {float(waited):.2f} before the replica)" if waited is not None else ")"
+            )
         parts.append(part)
     first = rep.get("first_request_s")
     first_text = "none yet" if first is None else f"{float(first):.2f}"
     since_imports = rep.get("first_request_since_imports_s")
     if first is not None and since_imports is not None:
-        first_text += f" ({float(since_imports):.2f} from the imports)"
+        start = "its own start" if warm else "the imports"
+        first_text += f" ({float(since_imports):.2f} from {start})"
+    pool = rep.get("warm_workers")
+    pool_text = ""
+    if isinstance(pool, dict):
+        pool_text = f"; warm workers {pool.get('idle')}/{pool.get('target')}"
+        if pool.get("error"):
+            pool_text += f" (top-up failing: {pool['error']})"
     return (
         f"start-up {_cell('replica_id', rep.get('replica_id'))} (s): {', '.join(parts)}; "
-        f"first request {first_text}"
+        f"first request {first_text}{pool_text}"
     )
 
 

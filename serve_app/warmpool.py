@@ -307,3 +307,28 @@ def start_keeper(target: int) -> Keeper | None:
     keeper = Keeper(target, int(raylet_pid), lock_path, CHECK_PERIOD_S)
     threading.Thread(target=keeper.run, name="warm-workers", daemon=True).start()
     return keeper
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m serve_app.warmpool CONFIG``: the ``--system-config`` JSON for ``ray start
+    --head`` on a cluster that will serve CONFIG (what ``serve-app run`` sets itself)."""
+    import sys
+
+    from serve_app.config import load_deploy_config
+    from serve_app.errors import ConfigError
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m serve_app.warmpool CONFIG.yaml", file=sys.stderr)
+        return 2
+    try:
+        config = system_config(*app_settings(load_deploy_config(args[0])))
+    except ConfigError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    print(json.dumps(config))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -132,12 +132,25 @@ def test_start_up_lines_follow_the_table() -> None:
     served = {**REPLICA, "startup_phases_s": phases, "calibration_source": "cache"}
     served["first_request_s"] = 12.345
     fresh = {**REPLICA, "replica_id": "r2", "startup_phases_s": {"process": 1.0, "total": 1.0}}
-    lines = render_status({"replicas": [served, fresh, REPLICA]}).split("\n")
-    assert len(lines) == 6
-    assert lines[4:] == [
+    warm = {
+        **REPLICA,
+        "replica_id": "r3",
+        "startup_phases_s": {"process": 9.0, "imports": 0.0, "weights": 0.5, "total": 9.5},
+        "preloaded_worker": True,
+        "worker_waited_s": 3.25,
+        "first_request_s": 14.0,
+        "first_request_since_imports_s": 1.5,
+        "warm_workers": {"idle": 2, "target": 2, "error": None},
+    }
+    lines = render_status({"replicas": [served, fresh, warm, REPLICA]}).split("\n")
+    assert len(lines) == 8
+    assert lines[5:] == [
         "start-up abcdefghij (s): process 3.10, partition 0.80, weights 1.25, graph_capture 2.00, "
         "calibration 0.01 (cache), warmup 0.50, total 7.66; first request 12.35",
         "start-up r2 (s): process 1.00, total 1.00; first request none yet",
+        "start-up r3 (s): process 9.00 (warm worker, ready 3.25 before the replica), imports 0.00, "
+        "weights 0.50, total 9.50; first request 14.00 (1.50 from its own start); "
+        "warm workers 2/2",
     ]
 
 

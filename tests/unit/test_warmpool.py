@@ -182,3 +182,13 @@ def test_phase_timer_in_a_warm_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     cold = PhaseTimer()
     assert not cold.preloaded and cold.waited_s is None
     assert cold.phases_s["imports"] >= 0.0
+
+
+def test_the_system_config_for_ray_start(capsys: pytest.CaptureFixture[str]) -> None:
+    root = Path(__file__).resolve().parents[2]
+    assert warmpool.main([str(root / "configs" / "gpu-shared.yaml")]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == {"preload_python_modules": warmpool.preload_modules(["embeddings"])}
+    assert warmpool.main([str(root / "no-such.yaml")]) == 2
+    assert "error:" in capsys.readouterr().err
+    assert warmpool.main([]) == 2
