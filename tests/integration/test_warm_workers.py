@@ -33,6 +33,25 @@ def wait_for(what: str, check: Any, timeout_s: float = 120.0) -> Any:
     raise AssertionError(f"{what}: not after {timeout_s:.0f} s; last {last!r}")
 
 
+def settled(pids: set[int]) -> bool:
+    """Whether these workers have connected to Ray (torch mapped: the preload runs after the
+    worker registered) and finished importing (no CPU time spent over a second)."""
+
+    def cpu_s(proc: psutil.Process) -> float:
+        times = proc.cpu_times()
+        return float(times.user + times.system)
+
+    try:
+        procs = [psutil.Process(pid) for pid in pids]
+        if not all(any("libtorch" in m.path for m in p.memory_maps()) for p in procs):
+            return False
+        before = [cpu_s(p) for p in procs]
+        time.sleep(1.0)
+        return all(cpu_s(p) - b < 0.05 for p, b in zip(procs, before, strict=True))
+    except psutil.Error:
+        return False
+
+
 def test_scale_up_starts_in_a_warm_worker(cluster) -> None:
     base = cluster.deploy("warm", "/warm", ARGS, num_replicas=1, **OPTIONS)
     try:
@@ -48,12 +67,17 @@ def test_scale_up_starts_in_a_warm_worker(cluster) -> None:
         raylet_pid = psutil.Process(first["pid"]).ppid()
         idle_before = set(warmpool.idle_workers(raylet_pid))
         assert len(idle_before) >= 2, idle_before
+        # Ray hands an actor only a worker that has registered; on a busy machine a new one
+        # takes seconds to start, then imports the preload list.
+        wait_for("the warm workers settled", lambda: settled(idle_before))
 
+        asked_at = time.time()
         cluster.deploy("warm", "/warm", ARGS, num_replicas=2, **OPTIONS)
         reps = wait_for("the second replica's report", lambda: len(mine(base)) == 2 and mine(base))
         new = next(r for r in reps if r["replica_id"] != first["replica_id"])
         # It took a worker that was idle before it was asked for, preloaded: no imports of its own.
         assert new["pid"] in idle_before, (new["pid"], idle_before)
+        assert psutil.Process(new["pid"]).create_time() < asked_at
         assert new["preloaded_worker"] is True
         assert new["startup_phases_s"]["imports"] == 0.0
         assert new["worker_waited_s"] is not None and new["worker_waited_s"] >= 0.0
