@@ -176,14 +176,14 @@ def _ray_node() -> Any:
     return node
 
 
-def prestart(count: int, keep_alive_s: int = KEEP_ALIVE_S) -> None:
-    """Ask this node's raylet for ``count`` idle Python workers, kept ``keep_alive_s``, with
-    this worker's runtime environment (so that a replica of the same deployment can take one).
+def prestart(count: int, runtime_env: str, keep_alive_s: int = KEEP_ALIVE_S) -> None:
+    """Ask this node's raylet for ``count`` idle Python workers with ``runtime_env`` (a
+    serialized runtime environment: a replica takes a worker of its own environment only),
+    kept ``keep_alive_s``.
 
     Raises:
         grpc.RpcError: the raylet refused or did not answer.
     """
-    import ray
     from ray._private.grpc_utils import init_grpc_channel
     from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
 
@@ -196,7 +196,6 @@ def prestart(count: int, keep_alive_s: int = KEEP_ALIVE_S) -> None:
             keep_alive_duration_secs=keep_alive_s,
             num_workers=count,
         )
-        runtime_env = ray.get_runtime_context().get_runtime_env_string()
         if runtime_env not in ("", "{}"):
             request.runtime_env_info.serialized_runtime_env = runtime_env
         stub = node_manager_pb2_grpc.NodeManagerServiceStub(channel)
@@ -205,13 +204,29 @@ def prestart(count: int, keep_alive_s: int = KEEP_ALIVE_S) -> None:
         channel.close()
 
 
-def _read_pids(text: str) -> list[int]:
-    """The warm workers' pids in the lock file (an empty or unreadable file: none)."""
+def _read_pools(text: str) -> dict[str, list[int]]:
+    """The warm workers' pids by runtime environment, from the lock file (an empty or
+    unreadable file: none)."""
     try:
-        pids = json.loads(text) if text.strip() else []
+        pools = json.loads(text) if text.strip() else {}
     except ValueError:
-        return []
-    return [int(p) for p in pids if isinstance(p, int)] if isinstance(pids, list) else []
+        return {}
+    if not isinstance(pools, dict):
+        return {}
+    return {
+        str(env): [int(p) for p in pids if isinstance(p, int)]
+        for env, pids in pools.items()
+        if isinstance(pids, list)
+    }
+
+
+def runtime_env_key(runtime_env: str) -> str:
+    """A short name for a serialized runtime environment (the lock file's key)."""
+    import hashlib
+
+    if runtime_env in ("", "{}"):
+        return "default"
+    return hashlib.sha256(runtime_env.encode()).hexdigest()[:16]
 
 
 class Keeper:
@@ -219,12 +234,22 @@ class Keeper:
     the node's replicas share (a file in Ray's session directory, which also lists the warm
     workers' pids), counts the warm workers still idle and asks the raylet for the difference.
 
-    Only workers asked for this way count: an idle worker that once ran a task belongs to that
-    task's job, and Ray does not give it an actor, so the raylet's idle workers in general are
-    not all warm ones."""
+    Only workers asked for this way count, and only those of this replica's runtime
+    environment: Ray gives an actor a worker of its own environment only, and an idle worker
+    that once ran a task belongs to that task's job, so the raylet's idle workers in general
+    are not all warm ones for this replica."""
 
-    def __init__(self, target: int, raylet_pid: int, lock_path: Path, period_s: float):
+    def __init__(
+        self,
+        target: int,
+        raylet_pid: int,
+        lock_path: Path,
+        period_s: float,
+        runtime_env: str = "{}",
+    ):
         self.target = target
+        self.runtime_env = runtime_env
+        self.pool_key = runtime_env_key(runtime_env)
         self.raylet_pid = raylet_pid
         self.lock_path = lock_path
         self.period_s = period_s
@@ -242,16 +267,21 @@ class Keeper:
                 lock.seek(0)
                 # Only the listed pids are looked at (a few /proc reads): a scan of every
                 # process, for the raylet's children, happens only when workers are asked for.
-                warm = [p for p in _read_pids(lock.read()) if _idle_child(p, self.raylet_pid)]
+                pools = {
+                    key: [p for p in pids if _idle_child(p, self.raylet_pid)]
+                    for key, pids in _read_pools(lock.read()).items()
+                }
+                warm = pools.get(self.pool_key, [])
                 missing = max(0, self.target - len(warm))
                 if missing:
                     before = {pid for pid, _ in _children(self.raylet_pid)}
-                    prestart(missing)
+                    prestart(missing, self.runtime_env)
                     self.requested += missing
                     warm += self._new_workers(before, missing)
+                pools[self.pool_key] = warm
                 lock.seek(0)
                 lock.truncate()
-                lock.write(json.dumps(warm))
+                lock.write(json.dumps({k: v for k, v in pools.items() if v}))
                 lock.flush()
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
@@ -303,8 +333,11 @@ def start_keeper(target: int) -> Keeper | None:
     raylet_pid = os.environ.get("RAY_RAYLET_PID")
     if not raylet_pid:
         return None
+    import ray
+
     lock_path = Path(_ray_node().get_session_dir_path()) / "serve_app_warm_workers.lock"
-    keeper = Keeper(target, int(raylet_pid), lock_path, CHECK_PERIOD_S)
+    runtime_env = ray.get_runtime_context().get_runtime_env_string()
+    keeper = Keeper(target, int(raylet_pid), lock_path, CHECK_PERIOD_S, runtime_env)
     threading.Thread(target=keeper.run, name="warm-workers", daemon=True).start()
     return keeper
 

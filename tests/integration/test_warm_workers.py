@@ -9,12 +9,13 @@ from typing import Any
 
 import httpx
 import psutil
+import pytest
 
 from serve_app import warmpool
 
 MODEL = "warm-minilm"
 ARGS = {"adapter": "embeddings", "model_name": MODEL, "max_batch_size": 8, "warm_workers": 2}
-OPTIONS = {"ray_actor_options": {"num_cpus": 0.25}}
+OPTIONS: dict[str, dict[str, Any]] = {"ray_actor_options": {"num_cpus": 0.25}}
 
 
 def mine(base: str) -> list[dict[str, Any]]:
@@ -52,8 +53,18 @@ def settled(pids: set[int]) -> bool:
         return False
 
 
-def test_scale_up_starts_in_a_warm_worker(cluster) -> None:
-    base = cluster.deploy("warm", "/warm", ARGS, num_replicas=1, **OPTIONS)
+@pytest.mark.parametrize(
+    "runtime_env",
+    [None, {"env_vars": {"SERVE_APP_WARM_TEST": "1"}}],
+    ids=["default-env", "own-env-vars"],
+)
+def test_scale_up_starts_in_a_warm_worker(cluster, runtime_env: dict[str, Any] | None) -> None:
+    """Also for an app with its own runtime environment, whose replicas Ray places only in
+    workers of that environment (the keeper asks for those)."""
+    options: dict[str, Any] = {"ray_actor_options": {**OPTIONS["ray_actor_options"]}}
+    if runtime_env:
+        options["ray_actor_options"]["runtime_env"] = runtime_env
+    base = cluster.deploy("warm", "/warm", ARGS, num_replicas=1, **options)
     try:
         first = wait_for(
             "the keeper's pool",
@@ -72,7 +83,7 @@ def test_scale_up_starts_in_a_warm_worker(cluster) -> None:
         wait_for("the warm workers settled", lambda: settled(idle_before))
 
         asked_at = time.time()
-        cluster.deploy("warm", "/warm", ARGS, num_replicas=2, **OPTIONS)
+        cluster.deploy("warm", "/warm", ARGS, num_replicas=2, **options)
         reps = wait_for("the second replica's report", lambda: len(mine(base)) == 2 and mine(base))
         new = next(r for r in reps if r["replica_id"] != first["replica_id"])
         # It took a worker that was idle before it was asked for, preloaded: no imports of its own.

@@ -81,23 +81,26 @@ def test_which_children_are_idle_workers(cmdline: list[str], expected: tuple[boo
 
 
 class FakeRaylet:
-    """The raylet's children as the keeper sees them: ``prestart`` adds idle workers."""
+    """The raylet's children as the keeper sees them: ``prestart`` adds idle workers, each
+    with the runtime environment it was asked for."""
 
     def __init__(self, idle: list[int], busy: list[int]):
         self.idle = list(idle)
         self.busy = list(busy)
+        self.env: dict[int, str] = {}
         self.next_pid = 100
-        self.asked: list[int] = []
+        self.asked: list[tuple[int, str]] = []
 
     def children(self, raylet_pid: int) -> list[tuple[int, list[str]]]:
         return [(p, ["ray::IDLE"]) for p in self.idle] + [
             (p, ["ray::ServeReplica:a:model"]) for p in self.busy
         ]
 
-    def prestart(self, count: int, keep_alive_s: int = 0) -> None:
-        self.asked.append(count)
+    def prestart(self, count: int, runtime_env: str, keep_alive_s: int = 0) -> None:
+        self.asked.append((count, runtime_env))
         for _ in range(count):
             self.idle.append(self.next_pid)
+            self.env[self.next_pid] = runtime_env
             self.next_pid += 1
 
     def give_to_an_actor(self, pid: int) -> None:
@@ -116,13 +119,13 @@ def test_keeper_counts_only_its_own_warm_workers(
     lock = tmp_path / "lock"
     keeper = warmpool.Keeper(2, 1, lock, period_s=0.01)
     assert keeper.check() == 2 and raylet.idle == [11, 100, 101]
-    assert json.loads(lock.read_text()) == [100, 101]  # what the node's keepers share
+    assert json.loads(lock.read_text()) == {"default": [100, 101]}  # shared on the node
     assert keeper.check() == 0  # both still idle
     raylet.give_to_an_actor(100)  # a new replica took one
     other = warmpool.Keeper(2, 1, lock, period_s=0.01)  # a neighbour's keeper on the node
-    assert other.check() == 1 and json.loads(lock.read_text()) == [101, 102]
+    assert other.check() == 1 and json.loads(lock.read_text()) == {"default": [101, 102]}
     assert keeper.check() == 0
-    assert raylet.asked == [2, 1]
+    assert raylet.asked == [(2, "{}"), (1, "{}")]
     assert keeper.describe() == {
         "target": 2,
         "idle": 2,
@@ -132,11 +135,32 @@ def test_keeper_counts_only_its_own_warm_workers(
     }
 
 
+def test_each_runtime_environment_has_its_own_pool(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Ray gives an actor a worker of its own runtime environment only: an app with its own
+    env_vars keeps its own warm workers, and they do not count for the others."""
+    raylet = FakeRaylet(idle=[], busy=[])
+    monkeypatch.setattr(warmpool, "_children", raylet.children)
+    monkeypatch.setattr(warmpool, "_idle_child", lambda pid, raylet_pid: pid in raylet.idle)
+    monkeypatch.setattr(warmpool, "prestart", raylet.prestart)
+    monkeypatch.setattr(warmpool, "workers_rss_bytes", lambda pids: 0)
+    lock = tmp_path / "lock"
+    keyed = '{"env_vars": {"SERVE_APP_API_KEYS_FILE": "/k"}}'
+    assert warmpool.Keeper(1, 1, lock, 0.01, keyed).check() == 1
+    plain = warmpool.Keeper(2, 1, lock, 0.01)
+    assert plain.check() == 2  # the keyed app's worker is not one of its own
+    pools = json.loads(lock.read_text())
+    assert pools == {warmpool.runtime_env_key(keyed): [100], "default": [101, 102]}
+    assert [raylet.env[p] for p in pools["default"]] == ["{}", "{}"]
+    assert warmpool.runtime_env_key("") == warmpool.runtime_env_key("{}") == "default"
+
+
 def test_keeper_reads_a_damaged_list_as_empty() -> None:
-    assert warmpool._read_pids("") == []
-    assert warmpool._read_pids("not json") == []
-    assert warmpool._read_pids('{"a": 1}') == []
-    assert warmpool._read_pids('[3, 4, "x"]') == [3, 4]
+    assert warmpool._read_pools("") == {}
+    assert warmpool._read_pools("not json") == {}
+    assert warmpool._read_pools("[1, 2]") == {}
+    assert warmpool._read_pools('{"default": [3, 4, "x"], "b": 5}') == {"default": [3, 4]}
 
 
 def test_keeper_reports_a_failing_raylet_call(
@@ -144,7 +168,7 @@ def test_keeper_reports_a_failing_raylet_call(
 ) -> None:
     monkeypatch.setattr(warmpool, "_children", lambda pid: [])
 
-    def refuse(n: int, keep_alive_s: int = 0) -> None:
+    def refuse(n: int, runtime_env: str, keep_alive_s: int = 0) -> None:
         raise RuntimeError("raylet said no")
 
     monkeypatch.setattr(warmpool, "prestart", refuse)
