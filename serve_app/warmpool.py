@@ -322,6 +322,8 @@ class Keeper:
             "requested": self.requested,
             "idle_rss_bytes": self.idle_rss_bytes,
             "error": self.last_error,
+            "pool": self.pool_key,
+            "lock_path": str(self.lock_path),
         }
 
 

@@ -132,6 +132,8 @@ def test_keeper_counts_only_its_own_warm_workers(
         "requested": 2,
         "idle_rss_bytes": 200,
         "error": None,
+        "pool": "default",
+        "lock_path": str(lock),
     }
 
 
