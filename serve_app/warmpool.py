@@ -176,9 +176,12 @@ def _ray_node() -> Any:
     return node
 
 
-def prestart(count: int, runtime_env: str, keep_alive_s: int = KEEP_ALIVE_S) -> None:
+def prestart(
+    count: int, runtime_env: str, job_id: str = "", keep_alive_s: int = KEEP_ALIVE_S
+) -> None:
     """Ask this node's raylet for ``count`` idle Python workers with ``runtime_env`` (a
     serialized runtime environment: a replica takes a worker of its own environment only),
+    for the job ``job_id`` (hex; the replicas' job: a task of another job cannot take them),
     kept ``keep_alive_s``.
 
     Raises:
@@ -196,6 +199,8 @@ def prestart(count: int, runtime_env: str, keep_alive_s: int = KEEP_ALIVE_S) -> 
             keep_alive_duration_secs=keep_alive_s,
             num_workers=count,
         )
+        if job_id:
+            request.job_id = bytes.fromhex(job_id)
         if runtime_env not in ("", "{}"):
             request.runtime_env_info.serialized_runtime_env = runtime_env
         stub = node_manager_pb2_grpc.NodeManagerServiceStub(channel)
@@ -220,13 +225,14 @@ def _read_pools(text: str) -> dict[str, list[int]]:
     }
 
 
-def runtime_env_key(runtime_env: str) -> str:
-    """A short name for a serialized runtime environment (the lock file's key)."""
+def runtime_env_key(runtime_env: str, job_id: str = "") -> str:
+    """A short name for a pool: a serialized runtime environment and a job (the lock file's
+    key)."""
     import hashlib
 
-    if runtime_env in ("", "{}"):
-        return "default"
-    return hashlib.sha256(runtime_env.encode()).hexdigest()[:16]
+    env = "default" if runtime_env in ("", "{}") else hashlib.sha256(runtime_env.encode())
+    name = env if isinstance(env, str) else env.hexdigest()[:16]
+    return f"{name}@{job_id}" if job_id else name
 
 
 class Keeper:
@@ -235,9 +241,11 @@ class Keeper:
     workers' pids), counts the warm workers still idle and asks the raylet for the difference.
 
     Only workers asked for this way count, and only those of this replica's runtime
-    environment: Ray gives an actor a worker of its own environment only, and an idle worker
-    that once ran a task belongs to that task's job, so the raylet's idle workers in general
-    are not all warm ones for this replica."""
+    environment and job: Ray gives an actor a worker of its own environment only, and an idle
+    worker that once ran a task belongs to that task's job, so the raylet's idle workers in
+    general are not all warm ones for this replica. Warm workers are asked for in the
+    replicas' job, so that a task of another job cannot take one; a task of the replicas' own
+    job still can (README, Known limits)."""
 
     def __init__(
         self,
@@ -246,10 +254,12 @@ class Keeper:
         lock_path: Path,
         period_s: float,
         runtime_env: str = "{}",
+        job_id: str = "",
     ):
         self.target = target
         self.runtime_env = runtime_env
-        self.pool_key = runtime_env_key(runtime_env)
+        self.job_id = job_id
+        self.pool_key = runtime_env_key(runtime_env, job_id)
         self.raylet_pid = raylet_pid
         self.lock_path = lock_path
         self.period_s = period_s
@@ -275,7 +285,7 @@ class Keeper:
                 missing = max(0, self.target - len(warm))
                 if missing:
                     before = {pid for pid, _ in _children(self.raylet_pid)}
-                    prestart(missing, self.runtime_env)
+                    prestart(missing, self.runtime_env, self.job_id)
                     self.requested += missing
                     warm += self._new_workers(before, missing)
                 pools[self.pool_key] = warm
@@ -338,8 +348,10 @@ def start_keeper(target: int) -> Keeper | None:
     import ray
 
     lock_path = Path(_ray_node().get_session_dir_path()) / "serve_app_warm_workers.lock"
-    runtime_env = ray.get_runtime_context().get_runtime_env_string()
-    keeper = Keeper(target, int(raylet_pid), lock_path, CHECK_PERIOD_S, runtime_env)
+    context = ray.get_runtime_context()
+    runtime_env = context.get_runtime_env_string()
+    job_id = context.get_job_id() or ""
+    keeper = Keeper(target, int(raylet_pid), lock_path, CHECK_PERIOD_S, runtime_env, job_id)
     threading.Thread(target=keeper.run, name="warm-workers", daemon=True).start()
     return keeper
 

@@ -86,16 +86,17 @@ def test_scale_up_starts_in_a_warm_worker(cluster, runtime_env: dict[str, Any] |
             # pool afresh, as on a cluster that runs no tasks beside serve_app: the keeper asks
             # for new workers at its next check.
             lock = Path(first["warm_workers"]["lock_path"])
+            pool = first["warm_workers"]["pool"]
             with lock.open("r+") as f:
                 fcntl.flock(f, fcntl.LOCK_EX)
                 pools = json.loads(f.read() or "{}")
-                pools.pop("default", None)
+                pools.pop(pool, None)
                 f.seek(0)
                 f.truncate()
                 f.write(json.dumps(pools))
             wait_for(
                 "a fresh default pool",
-                lambda: len(json.loads(lock.read_text() or "{}").get("default", [])) >= 2,
+                lambda: len(json.loads(lock.read_text() or "{}").get(pool, [])) >= 2,
             )
         idle_before = set(warmpool.idle_workers(raylet_pid))
         assert len(idle_before) >= 2, idle_before

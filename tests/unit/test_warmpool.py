@@ -96,7 +96,9 @@ class FakeRaylet:
             (p, ["ray::ServeReplica:a:model"]) for p in self.busy
         ]
 
-    def prestart(self, count: int, runtime_env: str, keep_alive_s: int = 0) -> None:
+    def prestart(
+        self, count: int, runtime_env: str, job_id: str = "", keep_alive_s: int = 0
+    ) -> None:
         self.asked.append((count, runtime_env))
         for _ in range(count):
             self.idle.append(self.next_pid)
@@ -156,6 +158,10 @@ def test_each_runtime_environment_has_its_own_pool(
     assert pools == {warmpool.runtime_env_key(keyed): [100], "default": [101, 102]}
     assert [raylet.env[p] for p in pools["default"]] == ["{}", "{}"]
     assert warmpool.runtime_env_key("") == warmpool.runtime_env_key("{}") == "default"
+    # A pool belongs to a job too: workers asked for in one job serve only its replicas.
+    assert warmpool.runtime_env_key("{}", "01000000") == "default@01000000"
+    in_job = warmpool.Keeper(1, 1, lock, 0.01, "{}", "01000000")
+    assert in_job.check() == 1 and in_job.describe()["pool"] == "default@01000000"
 
 
 def test_keeper_reads_a_damaged_list_as_empty() -> None:
@@ -170,7 +176,7 @@ def test_keeper_reports_a_failing_raylet_call(
 ) -> None:
     monkeypatch.setattr(warmpool, "_children", lambda pid: [])
 
-    def refuse(n: int, runtime_env: str, keep_alive_s: int = 0) -> None:
+    def refuse(n: int, runtime_env: str, job_id: str = "", keep_alive_s: int = 0) -> None:
         raise RuntimeError("raylet said no")
 
     monkeypatch.setattr(warmpool, "prestart", refuse)
