@@ -108,16 +108,14 @@ def match_a_fresh_worker() -> int | None:
     return int(threads)
 
 
-def _is_python_worker(cmdline: list[str]) -> tuple[bool, bool]:
-    """(a Ray Python worker, idle): idle workers carry the title ``ray::IDLE``; one still
-    starting shows default_worker.py until it names itself."""
+def _is_idle_worker(cmdline: list[str]) -> bool:
+    """Whether a command line is a Ray Python worker that is idle (its title ``ray::IDLE``) or
+    still starting (default_worker.py, until it names itself)."""
     if not cmdline:
-        return False, False
-    first = cmdline[0]
-    if first.startswith("ray::"):
-        return True, first.startswith("ray::IDLE")
-    starting = any(part.endswith("default_worker.py") for part in cmdline[:3])
-    return starting, starting
+        return False
+    if cmdline[0].startswith("ray::"):
+        return cmdline[0].startswith("ray::IDLE")
+    return any(part.endswith("default_worker.py") for part in cmdline[:3])
 
 
 def _children(raylet_pid: int) -> list[tuple[int, list[str]]]:
@@ -143,14 +141,14 @@ def _idle_child(pid: int, raylet_pid: int) -> bool:
 
     try:
         proc = psutil.Process(pid)
-        return proc.ppid() == raylet_pid and all(_is_python_worker(proc.cmdline()))
+        return proc.ppid() == raylet_pid and _is_idle_worker(proc.cmdline())
     except psutil.Error:
         return False
 
 
 def idle_workers(raylet_pid: int) -> list[int]:
     """Pids of the raylet's Python workers that are idle or still starting."""
-    return [pid for pid, cmd in _children(raylet_pid) if all(_is_python_worker(cmd))]
+    return [pid for pid, cmd in _children(raylet_pid) if _is_idle_worker(cmd)]
 
 
 def workers_rss_bytes(pids: Iterable[int]) -> int:

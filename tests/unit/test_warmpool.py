@@ -69,15 +69,15 @@ def test_warm_workers_is_validated() -> None:
 @pytest.mark.parametrize(
     ("cmdline", "expected"),
     [
-        (["ray::IDLE"], (True, True)),
-        (["ray::ServeReplica:app:model"], (True, False)),
-        (["/usr/bin/python3", "/x/ray/_private/workers/default_worker.py", "--a"], (True, True)),
-        (["/x/raylet", "--flag"], (False, False)),
-        ([], (False, False)),
+        (["ray::IDLE"], True),
+        (["ray::ServeReplica:app:model"], False),
+        (["/usr/bin/python3", "/x/ray/_private/workers/default_worker.py", "--a"], True),
+        (["/x/raylet", "--flag"], False),
+        ([], False),
     ],
 )
-def test_which_children_are_idle_workers(cmdline: list[str], expected: tuple[bool, bool]) -> None:
-    assert warmpool._is_python_worker(cmdline) == expected
+def test_which_children_are_idle_workers(cmdline: list[str], expected: bool) -> None:
+    assert warmpool._is_idle_worker(cmdline) == expected
 
 
 class FakeRaylet:
