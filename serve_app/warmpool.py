@@ -37,6 +37,10 @@ CHECK_PERIOD_S = 2.0
 KEEP_ALIVE_S = 3600
 PRESTART_TIMEOUT_S = 5.0
 NEW_WORKER_WAIT_S = 3.0  # for the raylet's new workers to show among its children
+# Between looks for them: each is a scan of every process on the host, in the replica's own
+# process. The raylet may start fewer than asked (it caps how many start at once), and then
+# the whole wait passes in these scans.
+NEW_WORKER_POLL_S = 0.1
 # What every replica imports, then what each adapter adds; serve_app.preloaded last (its import
 # time marks the end of the preload).
 BASE_MODULES = ("torch", "ray.serve._private.replica", "serve_app.replica")
@@ -301,12 +305,11 @@ class Keeper:
         """The pids of Python workers the raylet started since ``before`` (up to ``count``),
         waiting up to NEW_WORKER_WAIT_S for them to appear."""
         deadline = time.monotonic() + NEW_WORKER_WAIT_S
-        new: list[int] = []
         while True:
             new = [p for p in idle_workers(self.raylet_pid) if p not in before][:count]
             if len(new) >= count or time.monotonic() >= deadline:
                 return new
-            time.sleep(0.02)
+            time.sleep(NEW_WORKER_POLL_S)
 
     def run(self) -> None:
         while not self._stop.is_set():
