@@ -433,6 +433,7 @@ class ModelServer:
                 "warmup_pending": len(self.warmup.pending) if self.warmup else 0,
                 "startup_phases_s": self.startup_phases_s,
                 "weights_phases_s": getattr(self.adapter, "setup_phases_s", None),
+                "encoder": getattr(self.adapter, "encoder", None),
                 "first_request_s": self.first_request_s,
                 "first_request_since_imports_s": self.first_request_since_imports_s,
                 "process_started_at_s": self._process_started_s,

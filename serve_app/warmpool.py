@@ -45,7 +45,7 @@ NEW_WORKER_POLL_S = 0.1
 # time marks the end of the preload).
 BASE_MODULES = ("torch", "ray.serve._private.replica", "serve_app.replica")
 ADAPTER_MODULES = {
-    "embeddings": ("transformers.models.bert.modeling_bert", "serve_app.adapters.embeddings"),
+    "embeddings": ("serve_app.adapters.embeddings",),
     "image-classification": ("serve_app.adapters.image",),
 }
 MARKER_MODULE = "serve_app.preloaded"

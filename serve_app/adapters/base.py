@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from serve_app.config import AppArgs
+from serve_app.errors import ConfigError
 from serve_app.graphs import GraphSet
 
 
@@ -92,3 +94,31 @@ def make_adapter(args: AppArgs) -> ModelAdapter:
     from serve_app.adapters.image import ImageClassifierAdapter
 
     return ImageClassifierAdapter(args)
+
+
+def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """Weights from safetensors, or torch.load with weights_only=True (never a plain unpickle).
+
+    Raises:
+        ConfigError: the file cannot be read as weights; the message names ``args.model_path``.
+    """
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(str(path))
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - safetensors, pickle and zip errors alike
+        raise ConfigError(
+            f"args.model_path: cannot read weights from {str(path)!r} "
+            f"({type(exc).__name__}: {str(exc)[:200]}); use a .safetensors file or a state dict "
+            "saved with torch.save"
+        ) from None
+    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
+        obj = obj["state_dict"]
+    if not isinstance(obj, dict):
+        raise ConfigError(
+            f"args.model_path: {str(path)!r} holds a {type(obj).__name__}, not a state dict; "
+            "save model.state_dict()"
+        )
+    return obj

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from serve_app.adapters.base import Decoded, pow2_sizes, resolve_dtype
+from serve_app.adapters import bert
+from serve_app.adapters.base import Decoded, load_state_dict, pow2_sizes, resolve_dtype
 from serve_app.adapters.jsonbody import check_model, parse_json_object, string_list
 from serve_app.config import AppArgs
 from serve_app.errors import BadRequest, ConfigError
@@ -42,6 +43,9 @@ WARMUP_LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 # next one. Longer batches run eagerly, where the launch is a small part of their time.
 GRAPH_LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128)
 
+# Where a model directory keeps its weights, in the order they are looked for.
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
 SKELETON_DIR = Path(__file__).resolve().parent.parent / "models" / "minilm-skeleton"
 
 
@@ -56,6 +60,18 @@ def default_model_dir() -> Path | None:
 
 def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
+
+
+class HFEncoder(torch.nn.Module):
+    """transformers' AutoModel called as serve_app's encoder is: (ids, mask) -> the last hidden
+    state."""
+
+    def __init__(self, inner: torch.nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.inner(input_ids=ids, attention_mask=mask).last_hidden_state
 
 
 class EmbeddingAdapter:
@@ -90,6 +106,7 @@ class EmbeddingAdapter:
         self.device = torch.device("cpu")
         self.dim = 0
         self.max_positions = self.max_tokens
+        self.encoder = ""  # which implementation runs the model: "serve_app" or "transformers"
         self.graphs: GraphSet | None = None
         self._graph_sizes: list[int] = []
         self._graph_lengths: list[int] = []
@@ -136,10 +153,9 @@ class EmbeddingAdapter:
 
     def setup(self, device: torch.device) -> None:
         t0 = time.perf_counter()
-        from transformers import AutoConfig, AutoModel
-
-        t1 = time.perf_counter()
         dtype = resolve_dtype(self.args, device)
+        config = _read_json(self.model_dir / "config.json")
+        why_not = bert.unsupported(config)
         if self.args.load_format == "dummy":
             logger.warning(
                 "load_format=dummy: %s architecture from %s with RANDOM weights "
@@ -147,12 +163,27 @@ class EmbeddingAdapter:
                 self.args.model_name,
                 self.model_dir,
             )
-            config = AutoConfig.from_pretrained(str(self.model_dir))
-            model = AutoModel.from_config(config)
+        model: torch.nn.Module
+        if why_not is None:
+            self.encoder = "serve_app"
+            model, t1, t2 = self._build_bert(config, device, dtype)
+            self.dim = int(config["hidden_size"])
+            self.max_positions = bert.BertConfig.from_dict(config).max_position_embeddings
         else:
-            model = AutoModel.from_pretrained(str(self.model_dir), use_safetensors=None)
-        t2 = time.perf_counter()
-        self.model = model.to(device=device, dtype=dtype).eval()
+            # transformers' AutoModel runs what serve_app's BERT encoder does not; its import
+            # is not in the warm workers' preload, so this replica pays it here.
+            logger.info(
+                "%s: %s, so transformers' AutoModel runs it (its import costs this start seconds)",
+                self.model_dir,
+                why_not,
+            )
+            self.encoder = "transformers"
+            hf, t1, t2 = self._build_transformers(device, dtype)
+            model = hf
+            hf_config: Any = hf.inner.config
+            self.dim = int(hf_config.hidden_size)
+            self.max_positions = int(getattr(hf_config, "max_position_embeddings", self.max_tokens))
+        self.model = model.eval().requires_grad_(False)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         # Where the weights phase goes (the report's weights_phases_s).
@@ -162,8 +193,47 @@ class EmbeddingAdapter:
             "to_device": round(time.perf_counter() - t2, 3),
         }
         self.device = device
-        self.dim = int(model.config.hidden_size)
-        self.max_positions = int(getattr(model.config, "max_position_embeddings", self.max_tokens))
+
+    def _build_bert(
+        self, config: dict[str, Any], device: torch.device, dtype: torch.dtype
+    ) -> tuple[bert.BertEncoder, float, float]:
+        """serve_app's BERT encoder: random weights made on the device itself (dummy), or the
+        checkpoint's tensors taken as they are, then moved. Returns it with the clock at the end
+        of the import (none here) and of the build."""
+        cfg = bert.BertConfig.from_dict(config)
+        t1 = time.perf_counter()
+        if self.args.load_format == "dummy":
+            with torch.device(device):
+                model = bert.BertEncoder(cfg)
+            model.init_random()
+            t2 = time.perf_counter()
+            return model.to(dtype=dtype), t1, t2
+        path = next(
+            (self.model_dir / n for n in WEIGHT_FILES if (self.model_dir / n).is_file()), None
+        )
+        if path is None:
+            raise ConfigError(
+                f"args.model_path: {str(self.model_dir)!r} holds none of {list(WEIGHT_FILES)}; "
+                "point it at a sentence-transformers model directory"
+            )
+        with torch.device("meta"):
+            model = bert.BertEncoder(cfg)
+        model.load_checkpoint(load_state_dict(path), str(path))
+        t2 = time.perf_counter()
+        return model.to(device=device, dtype=dtype), t1, t2
+
+    def _build_transformers(
+        self, device: torch.device, dtype: torch.dtype
+    ) -> tuple[HFEncoder, float, float]:
+        from transformers import AutoConfig, AutoModel
+
+        t1 = time.perf_counter()
+        if self.args.load_format == "dummy":
+            model = AutoModel.from_config(AutoConfig.from_pretrained(str(self.model_dir)))
+        else:
+            model = AutoModel.from_pretrained(str(self.model_dir), use_safetensors=None)
+        t2 = time.perf_counter()
+        return HFEncoder(model.to(device=device, dtype=dtype)), t1, t2
 
     def decode(self, body: bytes, content_type: str, query: Mapping[str, str]) -> Decoded:
         doc = parse_json_object(body)
@@ -196,7 +266,7 @@ class EmbeddingAdapter:
         """Token ids and mask (on the device) -> pooled float32 vectors: the part a CUDA graph
         holds."""
         assert self.model is not None, "setup() must run before predict()"
-        hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        hidden = self.model(ids, mask)
         if self.pooling == "cls":
             pooled = hidden[:, 0]
         else:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from serve_app.adapters.base import Decoded, pow2_sizes, resolve_dtype
+from serve_app.adapters.base import Decoded, load_state_dict, pow2_sizes, resolve_dtype
 from serve_app.adapters.imagedecode import GpuJpegDecoder, use_gpu_decode
 from serve_app.adapters.imagefile import (
     EncodedImage,
@@ -119,34 +119,6 @@ def build_model(arch: str) -> tuple[torch.nn.Module, list[str] | None]:
         )
     logger.info("torchvision not installed: using serve_app's built-in %s", arch)
     return build_resnet(arch), None
-
-
-def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """Weights from safetensors, or torch.load with weights_only=True (never a plain unpickle).
-
-    Raises:
-        ConfigError: the file cannot be read as weights; the message names ``args.model_path``.
-    """
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            return load_file(str(path))
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - safetensors, pickle and zip errors alike
-        raise ConfigError(
-            f"args.model_path: cannot read weights from {str(path)!r} "
-            f"({type(exc).__name__}: {str(exc)[:200]}); use a .safetensors file or a state dict "
-            "saved with torch.save"
-        ) from None
-    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
-        obj = obj["state_dict"]
-    if not isinstance(obj, dict):
-        raise ConfigError(
-            f"args.model_path: {str(path)!r} holds a {type(obj).__name__}, not a state dict; "
-            "save model.state_dict()"
-        )
-    return obj
 
 
 class ImageClassifierAdapter:
