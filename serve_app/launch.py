@@ -320,16 +320,46 @@ def start_ray(
 
 
 def deploy(doc: dict[str, Any]) -> None:
-    """Deploy a whole Serve config (what ``serve deploy`` does, without the dashboard)."""
+    """Deploy a whole Serve config (what ``serve deploy`` does, without the dashboard), and
+    return once Serve's proxies are up.
+
+    On a cluster without Serve, this starts Serve's controller as ``serve.start`` does, but
+    sends the deploy before it waits for the proxies (Serve's own start waits first): the
+    application's build and its replicas then start while the proxies do, which took seconds
+    off every cold start. A proxy that does not come up is a StartupError all the same.
+    """
     from ray.serve._private import api as serve_api
+    from ray.serve._private.client import ServeControllerClient
+    from ray.serve._private.constants import HTTP_PROXY_TIMEOUT
+    from ray.serve.context import _get_global_client, _set_global_client
     from ray.serve.schema import ServeDeploySchema
 
     config = ServeDeploySchema.model_validate(doc)
-    client = serve_api.serve_start(
-        http_options=config.http_options.model_dump(),
-        proxy_location=config.proxy_location,
-    )
+    client = _get_global_client(raise_if_no_controller_running=False)
+    proxies: list[Any] = []
+    if client is None:
+        controller, proxies = serve_api._create_controller_and_proxy_refs(
+            config.http_options.model_dump(),
+            None,
+            None,
+            None,
+            serve_api._coerce_controller_options(None),
+            config.proxy_location,
+        )
+        client = ServeControllerClient(controller)
+        _set_global_client(client)
     client.deploy_apps(config, _blocking=False)
+    if proxies:
+        import ray
+
+        try:
+            ray.get(proxies, timeout=HTTP_PROXY_TIMEOUT)
+        except Exception as exc:  # noqa: BLE001 - a timeout or the proxy actor's own error
+            raise StartupError(
+                f"Serve's proxies did not come up within {HTTP_PROXY_TIMEOUT} s "
+                f"({type(exc).__name__}: {str(exc)[:300]}); see the proxy logs under "
+                "/tmp/ray/session_latest/logs/serve/"
+            ) from None
 
 
 def wait_ready(url: str, timeout_s: float) -> None:
