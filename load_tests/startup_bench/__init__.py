@@ -19,6 +19,11 @@ on a CPU, configs/cpu.yaml with 2 replicas at num_cpus 0.5 and the real weights.
 - ``cli_ready_s``: to the first 0.1 s poll of its output showing its "serving at" line (its
   own check: every replica running, nothing degraded).
 
+Each cold row also has ``timeline`` (timeline.py): from the Ray session's own logs, seconds
+after the spawn at which Ray's GCS started, the driver connected, the first worker started,
+Serve's controller started, got the deploy, built the app and asked for the replicas, and the
+first and last replica began and finished initialising and were marked running.
+
 Then SIGINT (Ctrl-C); the next repeat waits until the CLI has exited and the port is free. Any
 process of the CLI's tree still alive 10 s after it exited is SIGKILLed, by pid (never by name).
 

@@ -20,8 +20,11 @@ from load_tests.faults import Load
 from load_tests.startup_bench.output import Run
 from load_tests.startup_bench.probes import POLL_S, first_200, reports, serving
 from load_tests.startup_bench.rows import first_answers, make_row
+from load_tests.startup_bench.timeline import cold_timeline
 
 ROOT = Path(__file__).resolve().parents[2]
+# The CLI's Ray session (its ray.init makes it the latest), for the row's timeline.
+SESSION_LATEST = "/tmp/ray/session_latest"
 FIRST_GUESS_S = 30.0  # one start and stop, before one has been timed
 
 
@@ -75,7 +78,7 @@ def cold_once(doc: dict[str, Any], work: Path, repeat: int, deadline: float) -> 
     measured: dict[str, Any] = {"cold_ready_s": None, "all_serving_s": None, "cli_ready_s": None}
     found: list[dict[str, Any]] = []
     with out_path.open("wb") as out:
-        t0 = time.monotonic()
+        t0, t0_epoch_s = time.monotonic(), time.time()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     # On a GPU: NVML per process from the start, judged against the budgets once they show.
     watch = BudgetWatch(f"{url}/v1/memory").start() if launch.gpu_count() else None
@@ -101,9 +104,11 @@ def cold_once(doc: dict[str, Any], work: Path, repeat: int, deadline: float) -> 
     finally:
         budget_watch = watch.stop() if watch is not None else None
         stopped = stop_cli(proc, host, port)
+    timeline = cold_timeline(Path(os.path.realpath(SESSION_LATEST)), t0_epoch_s)
     tail = out_path.read_text(errors="replace")[-1500:]
     note = None if measured["cold_ready_s"] is not None else f"never ready; CLI output: {tail}"
     row = make_row(doc_setup(doc), repeat, found, **measured, stop=stopped, note=note)
+    row["timeline"] = timeline
     if budget_watch is not None:
         row["budget_watch"] = budget_watch
     return row

@@ -8,10 +8,11 @@ from __future__ import annotations
 import copy
 import re
 import statistics
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from load_tests.startup_bench.timeline import log_time_s
 
 GIB = 1 << 30
 # Issue #11's targets: measure -> (limit, the statistic that must be within it).
@@ -28,6 +29,7 @@ REPORT_FIELDS = (
     "gpu_mode",
     "startup_phases_s",
     "weights_phases_s",
+    "encoder",
     "first_request_s",
     "first_request_since_imports_s",
     "imports_started_at_s",
@@ -47,11 +49,7 @@ REPORT_FIELDS = (
 COOLDOWNS_S = {"upscale_cooldown_s": 1, "downscale_cooldown_s": 3, "shed_cooldown_s": 1}
 LOOK_BACK_PERIOD_S = 2
 DECISION_LOG_TEXT = "serve_app autoscale "  # autoscale.HeadroomPolicy's line on every change
-_DECISION_LINE = re.compile(
-    r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)[,.](\d{3}) .*"
-    + DECISION_LOG_TEXT
-    + r"(\S+): (\d+) -> (\d+) \((\w+)\)"
-)
+_DECISION_LINE = re.compile(DECISION_LOG_TEXT + r"(\S+): (\d+) -> (\d+) \((\w+)\)")
 
 Decision = tuple[float, int, int, str]  # (epoch seconds, replicas before, after, reason)
 
@@ -127,12 +125,12 @@ def parse_decisions(lines: Iterable[str], deployment: str, since_s: float) -> li
     ups = []
     for line in lines:
         m = _DECISION_LINE.search(line)
-        if m is None or m.group(3) != deployment:
+        at_s = log_time_s(line)
+        if m is None or at_s is None or m.group(1) != deployment:
             continue
-        at_s = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1e3
-        before, after = int(m.group(4)), int(m.group(5))
+        before, after = int(m.group(2)), int(m.group(3))
         if after > before and at_s >= since_s:
-            ups.append((at_s, before, after, m.group(6)))
+            ups.append((at_s, before, after, m.group(4)))
     return sorted(ups)
 
 
