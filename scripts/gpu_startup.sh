@@ -13,7 +13,7 @@ OUT="${OUT:-/tmp/gpu-out}"; RES=/tmp/gpu-results; mkdir -p "$OUT" "$RES"
 T0=$(date +%s)
 nvidia-smi -L
 bash scripts/compile_bytecode.sh
-timeout 90 python3 -m load_tests.import_probe --out "$OUT/import_probe.json" --concurrent 1,4,16
+timeout 90 python3 -m load_tests.import_probe --out "$OUT/import_probe.json" --concurrent 1,16
 timeout 120 python3 -m load_tests.encoder_ab --device cuda --out "$OUT/encoder_ab.json" \
   > "$OUT/encoder_ab.log" 2>&1; echo "encoder A/B exit $?" >> "$OUT/encoder_ab.log"
 export CUDA_VISIBLE_DEVICES=0 SERVE_APP_RESULTS_DIR="$RES"
