@@ -129,7 +129,9 @@ def test_adapter_uses_serve_app_encoder_for_minilm_and_reports_it() -> None:
 
 
 def test_dummy_weights_are_built_on_the_device_with_bert_init() -> None:
-    adapter = EmbeddingAdapter(parse_args({"load_format": "dummy", "model_path": str(SKELETON_DIR)}))
+    adapter = EmbeddingAdapter(
+        parse_args({"load_format": "dummy", "model_path": str(SKELETON_DIR)})
+    )
     adapter.setup(torch.device("cpu"))
     assert isinstance(adapter.model, bert.BertEncoder)
     weight = adapter.model.encoder.layer[0].attention.self.query.weight.detach()
