@@ -117,6 +117,7 @@ class GraphSet:
         self.skipped: list[Hashable] = []
         self.replays = 0
         self._pending: deque[tuple[Hashable, Tensors]] = deque()
+        self._wanted: set[Hashable] = set()  # pending shapes a batch needed (``want``)
         self.captured_at_start = 0  # graphs captured before serving (``capture_all``)
 
     def __len__(self) -> int:
@@ -217,6 +218,25 @@ class GraphSet:
             self.skipped.append(key)
             torch.cuda.empty_cache()
         return bool(self._pending)
+
+    def want(self, key: Hashable) -> None:
+        """A batch of shape ``key`` ran without its graph: if that shape is pending, it is
+        captured next. Traffic's own shapes go first, so that a replica that starts under load
+        (a scale-up, a replacement) does not run its busiest shapes eagerly, at several times
+        a replay's CPU, while dozens of other shapes take their turn between batches."""
+        if key in self._wanted or self.has(key):
+            return
+        for i, (k, example) in enumerate(self._pending):
+            if k == key:
+                del self._pending[i]
+                self._pending.appendleft((k, example))
+                self._wanted.add(key)
+                return
+
+    @property
+    def wanted_next(self) -> bool:
+        """Whether the next pending shape is one a batch needed (``want``)."""
+        return bool(self._pending) and self._pending[0][0] in self._wanted
 
     def has(self, key: Hashable) -> bool:
         return key in self._graphs

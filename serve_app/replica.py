@@ -45,6 +45,11 @@ REPORT_MAX_AGE_S = 5.0
 # Bodies up to this size decode on the event loop when the adapter says its decode is cheap
 # (decode_inline); larger ones, and every body of an adapter whose decode is not, go to a thread.
 INLINE_DECODE_MAX_BYTES = 64 * 1024
+# Between two batches, captures of shapes traffic wanted continue for up to this long: a
+# replica that starts under load gets its busy shapes graphed at its first step, not one per
+# Batcher.IDLE_WORK_EVERY_S (at one per 0.5 s, MiniLM's 80 shapes took 40 s, during which its
+# short batches ran eagerly at about half the throughput).
+WANTED_CAPTURE_S = 0.25
 EMPTY_QUERY: dict[str, str] = {}
 
 
@@ -138,11 +143,15 @@ class ModelServer:
 
     def _work_between_batches(self) -> bool:
         """The batcher's work between batches (on the model thread): one CUDA graph capture,
-        else one warm-up batch; whether more remains."""
+        and with it the next ones that traffic's batches wanted (GraphSet.want) for up to
+        WANTED_CAPTURE_S; else one warm-up batch. Whether more remains."""
         graphs = self.adapter.graphs
         if graphs is not None and graphs.pending:
+            t0 = time.perf_counter()
             with self._capture_lock:
                 more = graphs.capture_next()
+                while more and graphs.wanted_next and time.perf_counter() - t0 < WANTED_CAPTURE_S:
+                    more = graphs.capture_next()
             if not more:
                 info = graphs.describe()
                 logger.info(

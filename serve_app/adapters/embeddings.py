@@ -303,6 +303,8 @@ class EmbeddingAdapter:
         rows = bucket_for(len(items), self._graph_sizes)
         width = bucket_for(longest, self._graph_lengths)
         graphed = self.graphs is not None and self.graphs.has((rows, width))
+        if self.graphs is not None and not graphed and rows is not None and width is not None:
+            self.graphs.want((rows, width))  # captured next, between batches
         if graphed:
             assert width is not None
             longest = width

@@ -306,6 +306,10 @@ class ImageClassifierAdapter:
             if graphs is not None
             else None
         )
+        if graphs is not None:
+            own = bucket_for(len(batch_u8), self._graph_sizes)
+            if own is not None and own != bucket:
+                graphs.want(own)  # captured next, between batches
         with torch.inference_mode():
             if graphs is not None and bucket is not None:
                 (logits,) = graphs.run(bucket, (batch_u8,))

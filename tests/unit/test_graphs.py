@@ -139,6 +139,22 @@ def test_capture_all_without_a_budget_captures_everything_and_zero_defers_all() 
     assert deferred.order == [] and deferred.pending == 3 and deferred.captured_at_start == 0
 
 
+def test_want_puts_a_pending_shape_first_once() -> None:
+    graphs = CpuGraphSet(lambda x: (x,))
+    graphs.capture_all(_examples([1, 2, 4, 8, 16]), budget_s=0.0)
+    assert not graphs.wanted_next
+    graphs.want(2)
+    graphs.want(99)  # not a shape of this set: nothing happens
+    assert graphs.wanted_next and graphs.pending == 5
+    graphs.want(4)
+    assert graphs.capture_next() and graphs.capture_next()
+    assert graphs.order == [4, 2] and not graphs.wanted_next
+    graphs.want(2)  # captured already
+    while graphs.capture_next():
+        pass
+    assert graphs.order == [4, 2, 16, 8, 1]
+
+
 def test_capture_next_skips_out_of_memory_and_stops_on_other_errors() -> None:
     class Failing(CpuGraphSet):
         def capture(self, key: Hashable, example: Tensors) -> None:
@@ -231,6 +247,10 @@ def test_embeddings_shapes_left_pending_run_eagerly_until_captured(
     assert graphs.pending == 4 * len(GRAPH_LENGTHS) and not graphs.static
     eager = adapter.predict(items.items)
     assert graphs.runs == []  # nothing captured yet: eager
+    # the shape that batch needed is captured first, not in its largest-first turn
+    assert graphs.wanted_next
+    graphs.capture_next()
+    assert graphs.order == [(2, 8)] and not graphs.wanted_next
     while graphs.capture_next():
         pass
     graphed = adapter.predict(items.items)
@@ -248,10 +268,14 @@ def test_image_pads_to_a_captured_bucket_while_smaller_ones_are_pending(
     items = [rng.integers(0, 256, (32, 32, 3), dtype=np.uint8) for _ in range(3)]
     adapter.predict(items)
     assert graphs.runs == []  # nothing captured: eager
-    graphs.capture_next()  # the largest bucket, 8, first
-    adapter.predict(items)
-    assert graphs.runs == [(8, 3)]  # 3 pads up to 8 while 4 is pending
+    assert graphs.wanted_next  # 4, which that batch needed, is captured first
+    graphs.capture_next()
+    assert graphs.order == [4]
+    adapter.predict(items[:1])
+    assert graphs.runs == [(4, 1)]  # 1 pads up to 4 while 1 is pending, and wants 1
+    assert graphs.wanted_next
     while graphs.capture_next():
         pass
+    assert graphs.order == [4, 1, 8, 2]  # then largest first
     adapter.predict(items)
     assert graphs.runs[-1] == (4, 3)
