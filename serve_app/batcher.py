@@ -16,9 +16,10 @@ request whose items are still all queued ``queue_deadline_s`` after it arrived i
 Retry-After estimate: the queue's items over the model's measured items per second.
 
 ``idle_work`` (optional) is work in small steps that must run on the model's executor between
-batches: the CUDA graphs and warm-up batches the replica's start-up left. A step runs whenever
-the queue is empty, and at least every ``IDLE_WORK_EVERY_S`` under load, so a request waits for
-at most one step.
+batches: the CUDA graphs and warm-up batches the replica's start-up left. It is called with
+``busy``: False whenever the queue is empty, and True at least every ``IDLE_WORK_EVERY_S``
+under load, when it should do only what the load itself needs (the replica then captures only
+the graphs that its batches wanted), so a request waits for at most one step.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class Batcher(Generic[T, R]):
         batch_wait_timeout_s: float,
         max_queued_items: int | None = None,
         queue_deadline_s: float | None = None,
-        idle_work: Callable[[], bool] | None = None,
+        idle_work: Callable[[bool], bool] | None = None,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -238,7 +239,7 @@ class Batcher(Generic[T, R]):
                     not self._queue
                     or time.monotonic() - self._idle_work_at_s >= self.IDLE_WORK_EVERY_S
                 ):
-                    await self._idle_step(loop)
+                    await self._idle_step(loop, busy=bool(self._queue))
                     continue
                 if not self._queue:
                     await self._wait(1, None)
@@ -261,12 +262,12 @@ class Batcher(Generic[T, R]):
             self._queued = 0
             raise
 
-    async def _idle_step(self, loop: asyncio.AbstractEventLoop) -> None:
-        """One step of ``idle_work`` on the executor; it is dropped when done or when it fails
-        (logged: what it had left is simply not done)."""
+    async def _idle_step(self, loop: asyncio.AbstractEventLoop, busy: bool) -> None:
+        """One step of ``idle_work`` on the executor (``busy``: requests are queued); it is
+        dropped when done or when it fails (logged: what it had left is simply not done)."""
         assert self._idle_work is not None
         try:
-            more = await loop.run_in_executor(self._executor, self._idle_work)
+            more = await loop.run_in_executor(self._executor, self._idle_work, busy)
         except Exception:  # noqa: BLE001 - serving goes on without the rest of it
             logger.exception("work between batches failed; the rest of it is dropped")
             more = False

@@ -28,6 +28,7 @@ from serve_app.errors import (
     NotFound,
     Overloaded,
 )
+from serve_app.graphs import GraphSet
 from serve_app.http import Ingress, error_response, guarded, json_response, read_body
 from serve_app.memory import format_bytes
 from serve_app.metrics import ReplicaMetrics
@@ -45,10 +46,12 @@ REPORT_MAX_AGE_S = 5.0
 # Bodies up to this size decode on the event loop when the adapter says its decode is cheap
 # (decode_inline); larger ones, and every body of an adapter whose decode is not, go to a thread.
 INLINE_DECODE_MAX_BYTES = 64 * 1024
-# Between two batches, captures of shapes traffic wanted continue for up to this long: a
-# replica that starts under load gets its busy shapes graphed at its first step, not one per
-# Batcher.IDLE_WORK_EVERY_S (at one per 0.5 s, MiniLM's 80 shapes took 40 s, during which its
-# short batches ran eagerly at about half the throughput).
+# Under load, the batcher's step between batches captures the shapes that batches wanted
+# (GraphSet.want) for up to this long, and does nothing else: a replica that starts under load
+# gets its busy shapes graphed at once, while the rest of start-up's deferred work (graphs of
+# other shapes, warm-up batches) waits for an idle moment. Doing that rest under load, one step
+# every 0.5 s, cost 8 MiniLM replicas on one H200 more than half their throughput at one text
+# per request for the first minute (docs/controller.md).
 WANTED_CAPTURE_S = 0.25
 EMPTY_QUERY: dict[str, str] = {}
 
@@ -141,28 +144,33 @@ class ModelServer:
             (graphs is not None and graphs.pending) or (self.warmup and self.warmup.pending)
         )
 
-    def _work_between_batches(self) -> bool:
-        """The batcher's work between batches (on the model thread): one CUDA graph capture,
-        and with it the next ones that traffic's batches wanted (GraphSet.want) for up to
-        WANTED_CAPTURE_S; else one warm-up batch. Whether more remains."""
+    def _work_between_batches(self, busy: bool = False) -> bool:
+        """The batcher's work between batches (on the model thread); whether more remains.
+
+        Idle (nothing queued): one CUDA graph capture, shapes that batches wanted
+        (GraphSet.want) first, else one warm-up batch. Busy (the batcher's step under load):
+        only the captures of wanted shapes, for up to WANTED_CAPTURE_S. The rest waits for an
+        idle moment: under load, traffic warms the shapes it brings itself, and a warm-up
+        batch of a shape it does not bring (up to max_batch_size inputs of max_input_tokens)
+        would hold this replica's queue and, on a shared GPU, its neighbours' kernels.
+        """
         graphs = self.adapter.graphs
-        if graphs is not None and graphs.pending:
-            t0 = time.perf_counter()
+        if busy:
+            if graphs is not None and graphs.wanted_next:
+                t0 = time.perf_counter()
+                with self._capture_lock:
+                    more = graphs.capture_next()
+                    while (
+                        more and graphs.wanted_next and time.perf_counter() - t0 < WANTED_CAPTURE_S
+                    ):
+                        more = graphs.capture_next()
+                if not more:
+                    self._log_graphs_done(graphs)
+        elif graphs is not None and graphs.pending:
             with self._capture_lock:
                 more = graphs.capture_next()
-                while more and graphs.wanted_next and time.perf_counter() - t0 < WANTED_CAPTURE_S:
-                    more = graphs.capture_next()
             if not more:
-                info = graphs.describe()
-                logger.info(
-                    "CUDA graphs: all %d captured (%d at start-up, %d out of memory), %.2f s "
-                    "of capture, %s pool",
-                    info["graphs"],
-                    info["graphs_at_start"],
-                    info["skipped_out_of_memory"],
-                    info["capture_s"],
-                    format_bytes(max(0, info["pool_bytes"])),
-                )
+                self._log_graphs_done(graphs)
         elif self.warmup is not None and self.warmup.pending:
             if not self.warmup.step():
                 logger.info(
@@ -171,6 +179,19 @@ class ModelServer:
                     self.warmup.seconds,
                 )
         return self._start_up_left()
+
+    @staticmethod
+    def _log_graphs_done(graphs: GraphSet) -> None:
+        info = graphs.describe()
+        logger.info(
+            "CUDA graphs: all %d captured (%d at start-up, %d out of memory), %.2f s of "
+            "capture, %s pool",
+            info["graphs"],
+            info["graphs_at_start"],
+            info["skipped_out_of_memory"],
+            info["capture_s"],
+            format_bytes(max(0, info["pool_bytes"])),
+        )
 
     def _watch_budget(self, monitor: Any) -> None:
         budget = self.partition.budget

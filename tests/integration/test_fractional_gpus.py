@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -35,8 +36,14 @@ def test_four_replicas_on_one_logical_gpu(cluster) -> None:
                 if len(seen) == 4:
                     break
         assert len(seen) == 4, seen
-        report = httpx.get(f"{base}/v1/memory").json()["replicas"]
-        ours = [r for r in report if r["replica_id"] in seen]
+        # each replica pushes its report every REPORT_PERIOD_S: one may lag its first answer
+        deadline = time.monotonic() + 10.0
+        while True:
+            report = httpx.get(f"{base}/v1/memory").json()["replicas"]
+            ours = [r for r in report if r["replica_id"] in seen]
+            if len(ours) == 4 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         assert len(ours) == 4 and all(r["num_gpus"] == 0.25 for r in ours), ours
         assert ray.available_resources().get("GPU", 0.0) == 0.0
     finally:

@@ -428,10 +428,12 @@ class IdleWork:
         self.step_s = step_s
         self.fail_at = fail_at
         self.ran: list[float] = []
+        self.busy: list[bool] = []
         self.threads: set[str] = set()
 
-    def __call__(self) -> bool:
+    def __call__(self, busy: bool) -> bool:
         self.threads.add(threading.current_thread().name)
+        self.busy.append(busy)
         if self.fail_at is not None and len(self.ran) == self.fail_at:
             raise RuntimeError("capture failed")
         time.sleep(self.step_s)
@@ -458,6 +460,7 @@ def test_idle_work_runs_on_the_model_executor_while_the_queue_is_empty() -> None
     finally:
         executor.shutdown(wait=True)
     assert len(work.ran) == 5 and work.left == 0  # called no more once it said it was done
+    assert not any(work.busy)  # nothing was queued at any step
     assert all(name.startswith("predict") for name in work.threads), work.threads
 
 
@@ -475,6 +478,9 @@ def test_idle_work_still_runs_under_load_at_least_every_interval(executor) -> No
     asyncio.run(main())
     assert sum(model.sizes) == 200 and len(model.sizes) >= 50
     assert len(work.ran) >= 4, len(work.ran)
+    # the steps taken while requests were queued said so (the replica then does only what the
+    # load itself needs)
+    assert work.busy.count(True) >= 3, work.busy
 
 
 def test_failing_idle_work_is_dropped_and_serving_goes_on(executor, caplog) -> None:

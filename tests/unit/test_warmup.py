@@ -159,11 +159,17 @@ def test_work_between_batches_captures_graphs_first_then_warms_up() -> None:
 
     class Graphs:
         pending = 2
+        wanted = 0  # pending shapes a batch wanted, at the front
+
+        @property
+        def wanted_next(self) -> bool:
+            return self.wanted > 0
 
         def capture_next(self) -> bool:
             assert lock.locked(), "a capture runs under the capture lock"
             calls.append("capture")
             self.pending -= 1
+            self.wanted = max(0, self.wanted - 1)
             return self.pending > 0
 
         def describe(self) -> dict[str, object]:
@@ -189,6 +195,54 @@ def test_work_between_batches_captures_graphs_first_then_warms_up() -> None:
         adapter=SimpleNamespace(graphs=Graphs()), warmup=Warm(), _capture_lock=lock
     )
     server._start_up_left = lambda: cls._start_up_left(server)
+    server._log_graphs_done = cls._log_graphs_done
+    # under load, with nothing wanted: nothing at all
+    assert cls._work_between_batches(server, busy=True) is True and calls == []
     more = [cls._work_between_batches(server) for _ in range(4)]
     assert calls == ["capture", "capture", "warm", "warm"]
     assert more == [True, True, True, False]
+
+
+def test_work_between_batches_under_load_captures_only_wanted_shapes() -> None:
+    """Busy steps capture the shapes batches wanted (all of them in one step, within
+    WANTED_CAPTURE_S) and never run a warm-up batch; an idle step does the rest."""
+    import threading
+    from types import SimpleNamespace
+
+    from serve_app.replica import ModelServer
+
+    cls = ModelServer.func_or_class  # type: ignore[attr-defined]
+    calls: list[str] = []
+
+    class Graphs:
+        pending, wanted = 5, 2
+
+        @property
+        def wanted_next(self) -> bool:
+            return self.wanted > 0
+
+        def capture_next(self) -> bool:
+            calls.append("capture")
+            self.pending -= 1
+            self.wanted = max(0, self.wanted - 1)
+            return self.pending > 0
+
+    class Warm:
+        pending = [1]
+        ran, seconds = 0, 0.0
+
+        def step(self) -> bool:
+            calls.append("warm")
+            self.pending.pop(0)
+            return False
+
+    graphs = Graphs()
+    server = SimpleNamespace(
+        adapter=SimpleNamespace(graphs=graphs), warmup=Warm(), _capture_lock=threading.Lock()
+    )
+    server._start_up_left = lambda: cls._start_up_left(server)
+    assert cls._work_between_batches(server, busy=True) is True
+    assert calls == ["capture", "capture"] and graphs.pending == 3  # both wanted, no more
+    assert cls._work_between_batches(server, busy=True) is True and len(calls) == 2
+    assert cls._work_between_batches(server, busy=False) is True
+    assert calls == ["capture"] * 3
