@@ -17,9 +17,10 @@ Retry-After estimate: the queue's items over the model's measured items per seco
 
 ``idle_work`` (optional) is work in small steps that must run on the model's executor between
 batches: the CUDA graphs and warm-up batches the replica's start-up left. It is called with
-``busy``: False whenever the queue is empty, and True at least every ``IDLE_WORK_EVERY_S``
-under load, when it should do only what the load itself needs (the replica then captures only
-the graphs that its batches wanted), so a request waits for at most one step.
+``busy``: False once no request has arrived for ``IDLE_AFTER_S`` (then step after step while
+it stays quiet), and True at least every ``IDLE_WORK_EVERY_S`` while requests come, when it
+should do only what the load itself needs (the replica then captures only the graphs that its
+batches wanted), so a request waits for at most one step.
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ class Batcher(Generic[T, R]):
     RATE_SMOOTHING = 0.2
     # Under load, a step of idle_work still runs at least this often.
     IDLE_WORK_EVERY_S = 0.5
+    # The replica is idle once no request has arrived for this long. An empty queue alone is
+    # not: under load it empties between every two batches while requests are on their way.
+    IDLE_AFTER_S = 0.1
 
     def __init__(
         self,
@@ -113,6 +117,7 @@ class Batcher(Generic[T, R]):
         self._worker: asyncio.Task[None] | None = None
         self._idle_work = idle_work  # one step per call; returns whether steps remain
         self._idle_work_at_s = time.monotonic()
+        self._arrived_at_s = time.monotonic()  # the latest request's arrival
 
     @property
     def queued(self) -> int:
@@ -156,6 +161,7 @@ class Batcher(Generic[T, R]):
         future: asyncio.Future[list[Any]] = loop.create_future()
         req = _Request(items, future, time.monotonic())
         self._queue.append(req)
+        self._arrived_at_s = req.enqueued_s
         self._queued += len(items)
         if self._queued >= self._wake_at:
             assert self._wakeup is not None
@@ -235,12 +241,18 @@ class Batcher(Generic[T, R]):
         try:
             while True:
                 self._drop_gone()
-                if self._idle_work is not None and (
-                    not self._queue
-                    or time.monotonic() - self._idle_work_at_s >= self.IDLE_WORK_EVERY_S
-                ):
-                    await self._idle_step(loop, busy=bool(self._queue))
-                    continue
+                if self._idle_work is not None:
+                    now = time.monotonic()
+                    quiet_s = now - self._arrived_at_s
+                    if not self._queue and quiet_s >= self.IDLE_AFTER_S:
+                        await self._idle_step(loop, busy=False)
+                        continue
+                    if not self._queue:  # traffic was just here: the next request, or quiet
+                        await self._wait(1, self.IDLE_AFTER_S - quiet_s)
+                        continue
+                    if now - self._idle_work_at_s >= self.IDLE_WORK_EVERY_S:
+                        await self._idle_step(loop, busy=True)
+                        continue
                 if not self._queue:
                     await self._wait(1, None)
                     continue

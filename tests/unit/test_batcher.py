@@ -483,13 +483,37 @@ def test_idle_work_still_runs_under_load_at_least_every_interval(executor) -> No
     assert work.busy.count(True) >= 3, work.busy
 
 
+def test_an_empty_queue_between_requests_is_not_idle(executor) -> None:
+    """Requests 10 ms apart, each served at once: the queue is empty between them, but the
+    replica is not idle, so every step taken meanwhile is a busy one; once requests stop for
+    IDLE_AFTER_S, the steps are idle ones."""
+    model, work = Model(), IdleWork(steps=1000)
+
+    async def main() -> float:
+        b = Batcher(model, executor, max_batch_size=8, batch_wait_timeout_s=0.0, idle_work=work)
+        b.IDLE_WORK_EVERY_S = 0.05
+        for i in range(40):
+            await b.submit([i])
+            await asyncio.sleep(0.01)
+        stopped = time.monotonic()
+        await asyncio.sleep(0.3)
+        b.close()
+        return stopped
+
+    stopped = asyncio.run(main())
+    during = [busy for at, busy in zip(work.ran, work.busy, strict=True) if at < stopped]
+    after = [busy for at, busy in zip(work.ran, work.busy, strict=True) if at >= stopped]
+    assert during and all(during), during
+    assert after and not any(after), after
+
+
 def test_failing_idle_work_is_dropped_and_serving_goes_on(executor, caplog) -> None:
     model, work = Model(), IdleWork(steps=10, fail_at=2)
 
     async def main() -> list[object]:
         b = Batcher(model, executor, max_batch_size=8, batch_wait_timeout_s=0.0, idle_work=work)
         await b.submit(["a"])
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(b.IDLE_AFTER_S + 0.1)  # quiet: idle steps, until the failure
         out = await b.submit(["b"])
         b.close()
         return out
