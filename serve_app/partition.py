@@ -341,8 +341,13 @@ class Partition:
         """Give cached memory back by policy; True when it freed."""
         if not self.on_gpu or self.budget is None:
             return False
-        reserved = int(torch.cuda.memory_reserved(self.device))
-        allocated = int(torch.cuda.memory_allocated(self.device))
+        # One read of the allocator's stats for both figures: torch's memory_reserved and
+        # memory_allocated each build the whole stats dict, and this runs after every batch
+        # (about 8% of a loaded MiniLM replica's model thread, docs/results/profile/
+        # throughput_x1_r8_h200).
+        stats = torch.cuda.memory_stats(self.device)
+        reserved = int(stats.get("reserved_bytes.all.current", 0))
+        allocated = int(stats.get("allocated_bytes.all.current", 0))
         if should_free_cache(
             self.cache_policy,  # type: ignore[arg-type]
             reserved,
