@@ -28,7 +28,6 @@ from serve_app.errors import (
     NotFound,
     Overloaded,
 )
-from serve_app.graphs import GraphSet
 from serve_app.http import Ingress, error_response, guarded, json_response, read_body
 from serve_app.memory import format_bytes
 from serve_app.metrics import ReplicaMetrics
@@ -155,23 +154,29 @@ class ModelServer:
         would hold this replica's queue and, on a shared GPU, its neighbours' kernels.
         """
         graphs = self.adapter.graphs
-        if busy:
-            if graphs is not None and graphs.wanted_next:
-                t0 = time.perf_counter()
-                with self._capture_lock:
-                    more = graphs.capture_next()
-                    while (
-                        more and graphs.wanted_next and time.perf_counter() - t0 < WANTED_CAPTURE_S
-                    ):
-                        more = graphs.capture_next()
-                if not more:
-                    self._log_graphs_done(graphs)
-        elif graphs is not None and graphs.pending:
+        if graphs is not None and (graphs.wanted_next if busy else graphs.pending):
+            t0 = time.perf_counter()
             with self._capture_lock:
                 more = graphs.capture_next()
+                while (
+                    busy
+                    and more
+                    and graphs.wanted_next
+                    and time.perf_counter() - t0 < WANTED_CAPTURE_S
+                ):
+                    more = graphs.capture_next()
             if not more:
-                self._log_graphs_done(graphs)
-        elif self.warmup is not None and self.warmup.pending:
+                info = graphs.describe()
+                logger.info(
+                    "CUDA graphs: all %d captured (%d at start-up, %d out of memory), %.2f s "
+                    "of capture, %s pool",
+                    info["graphs"],
+                    info["graphs_at_start"],
+                    info["skipped_out_of_memory"],
+                    info["capture_s"],
+                    format_bytes(max(0, info["pool_bytes"])),
+                )
+        elif not busy and self.warmup is not None and self.warmup.pending:
             if not self.warmup.step():
                 logger.info(
                     "warm-up: done, %d batches in %.2f s",
@@ -179,19 +184,6 @@ class ModelServer:
                     self.warmup.seconds,
                 )
         return self._start_up_left()
-
-    @staticmethod
-    def _log_graphs_done(graphs: GraphSet) -> None:
-        info = graphs.describe()
-        logger.info(
-            "CUDA graphs: all %d captured (%d at start-up, %d out of memory), %.2f s of "
-            "capture, %s pool",
-            info["graphs"],
-            info["graphs_at_start"],
-            info["skipped_out_of_memory"],
-            info["capture_s"],
-            format_bytes(max(0, info["pool_bytes"])),
-        )
 
     def _watch_budget(self, monitor: Any) -> None:
         budget = self.partition.budget

@@ -166,9 +166,10 @@ class EmbeddingAdapter:
         model: torch.nn.Module
         if why_not is None:
             self.encoder = "serve_app"
-            model, t1, t2 = self._build_bert(config, device, dtype)
-            self.dim = int(config["hidden_size"])
-            self.max_positions = bert.BertConfig.from_dict(config).max_position_embeddings
+            enc, t1, t2 = self._build_bert(config, device, dtype)
+            model = enc
+            self.dim = enc.config.hidden_size
+            self.max_positions = enc.config.max_position_embeddings
         else:
             # transformers' AutoModel runs what serve_app's BERT encoder does not; its import
             # is not in the warm workers' preload, so this replica pays it here.

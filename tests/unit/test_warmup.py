@@ -195,7 +195,6 @@ def test_work_between_batches_captures_graphs_first_then_warms_up() -> None:
         adapter=SimpleNamespace(graphs=Graphs()), warmup=Warm(), _capture_lock=lock
     )
     server._start_up_left = lambda: cls._start_up_left(server)
-    server._log_graphs_done = cls._log_graphs_done
     # under load, with nothing wanted: nothing at all
     assert cls._work_between_batches(server, busy=True) is True and calls == []
     more = [cls._work_between_batches(server) for _ in range(4)]
