@@ -76,6 +76,9 @@ def test_scale_up_starts_in_a_warm_worker(cluster, runtime_env: dict[str, Any] |
                 for r in mine(base)
                 if (r["warm_workers"] or {}).get("idle", 0) >= 2
                 and r["warm_workers"]["error"] is None
+                # a report outlives its replica by up to REPORT_MAX_AGE_S: the previous
+                # variant's replica of the same app can still be listed, its process gone
+                and psutil.pid_exists(r["pid"])
             ],
         )[0]
         raylet_pid = psutil.Process(first["pid"]).ppid()
