@@ -41,6 +41,10 @@ logger = logging.getLogger("serve_app")
 Tensors = tuple[torch.Tensor, ...]
 # Eager runs on a side stream before each capture (cuDNN/cuBLAS choices, lazy kernel loading).
 CAPTURE_WARMUP_RUNS = 2
+# The share of a replica's activation room (its torch cap less the weights) that the graphs'
+# pool may hold. The pool never shrinks while its graphs live, so without a limit a tight cap
+# can end up all pool, and then even a single input has no room to run eagerly (507).
+GRAPH_POOL_ROOM_SHARE = 0.5
 
 
 def graph_batch_sizes(limit: int) -> list[int]:
@@ -99,22 +103,32 @@ class _Captured:
 class GraphCaptureError(RuntimeError):
     """A forward pass could not be captured as a CUDA graph."""
 
-    def __init__(self, message: str, out_of_memory: bool = False):
+    def __init__(self, message: str, out_of_memory: bool = False, over_limit: bool = False):
         super().__init__(message)
         self.out_of_memory = out_of_memory
+        self.over_limit = over_limit  # the pool would pass ``pool_limit_bytes``: not captured
 
 
 class GraphSet:
     """CUDA graphs of ``forward`` keyed by shape; see the module docstring."""
 
-    def __init__(self, forward: Callable[..., Tensors], device: torch.device):
+    def __init__(
+        self,
+        forward: Callable[..., Tensors],
+        device: torch.device,
+        pool_limit_bytes: int | None = None,
+    ):
         self.forward = forward
         self.device = device
+        # The most the captures may add to reserved memory; a shape whose eager pass shows it
+        # would take the pool past this is not captured and runs eagerly (``over_limit``).
+        self.pool_limit_bytes = pool_limit_bytes
         self._graphs: dict[Hashable, _Captured] = {}
         self._pool: Any = None
         self.capture_s = 0.0
         self.pool_bytes = 0  # reserved bytes the captures added (``capture``)
-        self.skipped: list[Hashable] = []
+        self.skipped: list[Hashable] = []  # out of memory while captured
+        self.over_limit: list[Hashable] = []  # would have taken the pool past its limit
         self.replays = 0
         self._pending: deque[tuple[Hashable, Tensors]] = deque()
         self._wanted: set[Hashable] = set()  # pending shapes a batch needed (``want``)
@@ -132,9 +146,15 @@ class GraphSet:
         while the replica serves runs on the model thread, and another thread's CUDA call (a
         memory reading) must not fail it.
 
+        With ``pool_limit_bytes``, the eager warm-up's reserved growth (the inputs and one
+        pass's activations, from an emptied cache) estimates what the capture needs; the pool
+        holds about its largest pass, so a shape whose estimate exceeds both the pool so far
+        and the limit is not captured (``over_limit``).
+
         Raises:
             GraphCaptureError: the forward pass does something a graph cannot hold (a host
-                synchronisation, a CPU tensor, ...), or ran out of memory (``out_of_memory``).
+                synchronisation, a CPU tensor, ...), ran out of memory (``out_of_memory``), or
+                would take the pool past ``pool_limit_bytes`` (``over_limit``).
         """
         t0 = time.perf_counter()
         try:
@@ -148,6 +168,18 @@ class GraphSet:
                     self.forward(*static)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             torch.cuda.synchronize(self.device)
+            need = torch.cuda.memory_reserved(self.device) - before
+            if self.pool_limit_bytes is not None and need > max(
+                self.pool_bytes, self.pool_limit_bytes
+            ):
+                del static
+                torch.cuda.empty_cache()
+                self.capture_s += time.perf_counter() - t0
+                raise GraphCaptureError(
+                    f"capturing shape {key!r} needs about {need} bytes, past the pool's limit "
+                    f"of {self.pool_limit_bytes}",
+                    over_limit=True,
+                )
             # The warm-up's blocks would stay cached outside the graphs' pool: give them back
             # so that, under the replica's cap, the capture can take the same room.
             torch.cuda.empty_cache()
@@ -164,6 +196,8 @@ class GraphSet:
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
             self.pool_bytes += torch.cuda.memory_reserved(self.device) - before
+        except GraphCaptureError:
+            raise
         except Exception as exc:  # noqa: BLE001 - any capture failure, named for the user
             from serve_app.oom import is_torch_oom
 
@@ -200,8 +234,9 @@ class GraphSet:
         return len(self._pending)
 
     def capture_next(self) -> bool:
-        """Capture the next pending shape, if any (out of memory: skipped, it runs eagerly);
-        whether shapes remain. The replica's model thread calls it between batches.
+        """Capture the next pending shape, if any (out of memory or over the pool's limit:
+        skipped, it runs eagerly); whether shapes remain. The replica's model thread calls it
+        between batches.
 
         Raises:
             GraphCaptureError: a capture failed for another reason than memory.
@@ -212,6 +247,9 @@ class GraphSet:
         try:
             self.capture(key, example)
         except GraphCaptureError as exc:
+            if exc.over_limit:
+                self.over_limit.append(key)
+                return bool(self._pending)
             if not exc.out_of_memory:
                 self._pending.clear()
                 raise
@@ -262,6 +300,8 @@ class GraphSet:
             "graphs_at_start": self.captured_at_start,
             "pending": len(self._pending),
             "skipped_out_of_memory": len(self.skipped),
+            "skipped_pool_limit": len(self.over_limit),
+            "pool_limit_bytes": self.pool_limit_bytes,
             "capture_s": round(self.capture_s, 3),
             "pool_bytes": self.pool_bytes,
         }

@@ -168,11 +168,12 @@ class ModelServer:
             if not more:
                 info = graphs.describe()
                 logger.info(
-                    "CUDA graphs: all %d captured (%d at start-up, %d out of memory), %.2f s "
-                    "of capture, %s pool",
+                    "CUDA graphs: all %d captured (%d at start-up, %d out of memory, %d over "
+                    "the pool's limit), %.2f s of capture, %s pool",
                     info["graphs"],
                     info["graphs_at_start"],
                     info["skipped_out_of_memory"],
+                    info["skipped_pool_limit"],
                     info["capture_s"],
                     format_bytes(max(0, info["pool_bytes"])),
                 )
@@ -469,6 +470,8 @@ class ModelServer:
                 "cuda_graphs_pending": graphs["pending"] if graphs else 0,
                 "cuda_graph_capture_s": graphs["capture_s"] if graphs else None,
                 "cuda_graph_pool_bytes": graphs["pool_bytes"] if graphs else None,
+                "cuda_graph_pool_limit_bytes": graphs["pool_limit_bytes"] if graphs else None,
+                "cuda_graphs_over_pool_limit": graphs["skipped_pool_limit"] if graphs else 0,
                 "cuda_graph_replays": graph_set.replays if graph_set is not None else 0,
                 "queued_items": self._batcher.queued,
                 "rejected_requests": self._batcher.rejected_requests,

@@ -352,10 +352,11 @@ def capture_graphs(
         StartupError: capture failed for another reason than memory; the message names the
             model and the way out (shapes that run out of memory are skipped, with a warning).
     """
-    from serve_app.graphs import GraphCaptureError
+    from serve_app.graphs import GRAPH_POOL_ROOM_SHARE, GraphCaptureError
 
+    pool_limit = graph_pool_limit_bytes(partition)
     try:
-        graphs = adapter.capture_graphs(max_batch_size, budget_s)
+        graphs = adapter.capture_graphs(max_batch_size, budget_s, pool_limit)
     except GraphCaptureError as exc:
         raise StartupError(
             f"CUDA graph capture of {adapter.args.model_name!r} failed ({exc}); set "
@@ -381,7 +382,28 @@ def capture_graphs(
             "replica's memory share",
             info["skipped_out_of_memory"],
         )
+    if info["skipped_pool_limit"]:
+        logger.warning(
+            "CUDA graphs: %d shapes would have taken the graphs' pool past %s (%.0f%% of the "
+            "room the cap leaves beside the weights) and run eagerly instead, so that eager "
+            "batches keep their room; raise the replica's memory share to graph them",
+            info["skipped_pool_limit"],
+            format_bytes(pool_limit or 0),
+            GRAPH_POOL_ROOM_SHARE * 100,
+        )
     return info
+
+
+def graph_pool_limit_bytes(partition: Partition) -> int | None:
+    """The most a replica's CUDA graphs may hold: GRAPH_POOL_ROOM_SHARE of the room its torch
+    cap leaves beside what is allocated now (the weights); None without a budget."""
+    from serve_app.graphs import GRAPH_POOL_ROOM_SHARE
+
+    budget = partition.budget
+    if budget is None:
+        return None
+    room = budget.torch_cap_bytes - torch.cuda.memory_allocated(partition.device)
+    return max(0, int(room * GRAPH_POOL_ROOM_SHARE))
 
 
 def calibrate_batch_size(adapter: Any, partition: Partition, max_batch_size: int) -> Any:

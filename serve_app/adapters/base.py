@@ -59,9 +59,15 @@ class ModelAdapter(Protocol):
     def warmup_batches(self, max_batch_size: int) -> list[list[Any]]:
         """Batches covering the shapes traffic brings, run once before serving."""
 
-    def capture_graphs(self, max_batch_size: int, budget_s: float | None = None) -> GraphSet:
+    def capture_graphs(
+        self,
+        max_batch_size: int,
+        budget_s: float | None = None,
+        pool_limit_bytes: int | None = None,
+    ) -> GraphSet:
         """Capture the forward pass as CUDA graphs for batches up to ``max_batch_size``, for at
-        most ``budget_s`` (the rest stay pending: ``GraphSet.capture_all``); later ``predict``
+        most ``budget_s`` (the rest stay pending: ``GraphSet.capture_all``), the pool within
+        ``pool_limit_bytes`` when given (``GraphSet``); later ``predict``
         calls replay them where a batch's shape has one (see graphs.py)."""
 
     def describe(self) -> dict[str, Any]:

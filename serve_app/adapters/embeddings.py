@@ -278,13 +278,18 @@ class EmbeddingAdapter:
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
         return (pooled,)
 
-    def capture_graphs(self, max_batch_size: int, budget_s: float | None = None) -> GraphSet:
+    def capture_graphs(
+        self,
+        max_batch_size: int,
+        budget_s: float | None = None,
+        pool_limit_bytes: int | None = None,
+    ) -> GraphSet:
         """CUDA graphs of the forward pass for each batch bucket up to ``max_batch_size`` and
         each of GRAPH_LENGTHS within the model's limit (for at most ``budget_s``: see
         ``GraphSet.capture_all``)."""
         lengths = [n for n in GRAPH_LENGTHS if n <= min(self.max_tokens, self.max_positions)]
         sizes = graph_batch_sizes(max_batch_size)
-        graphs = GraphSet(self._forward, self.device)
+        graphs = GraphSet(self._forward, self.device, pool_limit_bytes)
         examples = []
         for b in sizes:
             for n in lengths:

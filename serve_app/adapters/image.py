@@ -242,11 +242,16 @@ class ImageClassifierAdapter:
         assert self.model is not None, "setup() must run before predict()"
         return (self.model(to_model_input(batch_u8, self.device, self.dtype)),)
 
-    def capture_graphs(self, max_batch_size: int, budget_s: float | None = None) -> GraphSet:
+    def capture_graphs(
+        self,
+        max_batch_size: int,
+        budget_s: float | None = None,
+        pool_limit_bytes: int | None = None,
+    ) -> GraphSet:
         """CUDA graphs of the forward pass for batch buckets up to ``max_batch_size`` (for at
         most ``budget_s``: see ``GraphSet.capture_all``)."""
         size = self.args.image_size
-        graphs = GraphSet(self._forward, self.device)
+        graphs = GraphSet(self._forward, self.device, pool_limit_bytes)
         sizes = graph_batch_sizes(max_batch_size)
         self.graphs, self._graph_sizes = graphs, sizes
         graphs.capture_all(

@@ -5,9 +5,10 @@ For ResNet-50 and MiniLM (fp16, random weights, as the replica loads them with
 and token lengths, some inside the captured buckets and some past them, are compared with the
 same batches run eagerly. Batches run one after another, so each replay starts from the stale
 rows of the one before. A test captures under a tight cap and checks that the shapes that do
-not fit are skipped and the rest still serve. The last captures MiniLM within a start-up
-budget (0.1 s), then the rest one at a time while another thread reads CUDA's memory figures
-(as a serving replica's report does), and records the times and the pool's growth in
+not fit are skipped and the rest still serve; another, that a pool limit keeps the largest
+shapes eager. The last captures MiniLM within a start-up budget (0.1 s), then the rest one at
+a time while another thread reads CUDA's memory figures (as a serving replica's report does),
+and records the times and the pool's growth in
 ``cuda_graphs_deferred.json`` under ``$SERVE_APP_RESULTS_DIR``.
 
 Run on the GPU host: ``python3 -m pytest -v tests/gpu/test_cuda_graphs_gpu.py``.
@@ -127,6 +128,34 @@ def test_capture_under_a_tight_cap_skips_what_does_not_fit() -> None:
         assert cosine > 0.999
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0, DEVICE)
+
+
+def test_the_pool_limit_keeps_large_shapes_eager() -> None:
+    """A pool limit (what start-up gives: half the room the cap leaves beside the weights)
+    stops the shapes whose eager pass shows they would take the pool past it; they run eagerly
+    and give the same results, and the pool stays about within the limit."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    adapter = EmbeddingAdapter(
+        parse_args({"adapter": "embeddings", "load_format": "dummy", "dtype": "float16"})
+    )
+    adapter.setup(DEVICE)
+    limit = 16 * 1024**2
+    graphs = adapter.capture_graphs(GRAPH_MAX, None, limit)
+    info = graphs.describe()
+    assert graphs.over_limit, f"every shape fit within {limit} bytes: lower the limit ({info})"
+    assert len(graphs) > 0, f"no shape fit within {limit} bytes: raise the limit ({info})"
+    assert info["skipped_pool_limit"] == len(graphs.over_limit) and not graphs.skipped
+    # The estimate is the eager pass's reserved growth; the pool may round up a segment.
+    assert graphs.pool_bytes <= 2 * limit, info
+    big_key = max(graphs.over_limit, key=lambda k: k[0] * k[1])
+    rows, width = big_key
+    big = [[101] + [2000 + (i + j) % 500 for j in range(width - 2)] + [102] for i in range(rows)]
+    before = graphs.replays
+    out = adapter.predict(big)
+    assert graphs.replays == before, "a shape over the pool's limit replayed a graph"
+    for g, e in zip(out, _eager(adapter, big), strict=True):
+        assert float(np.dot(g, e) / (np.linalg.norm(g) * np.linalg.norm(e))) > 0.999
 
 
 def test_capture_within_the_startup_budget_then_the_rest_while_serving(

@@ -101,7 +101,10 @@ def _with_cpu_graphs(
 ) -> CpuGraphSet:
     holder: dict[str, CpuGraphSet] = {}
 
-    def make(forward: Callable[..., Tensors], device: torch.device) -> CpuGraphSet:
+    def make(
+        forward: Callable[..., Tensors], device: torch.device, pool_limit_bytes: int | None
+    ) -> CpuGraphSet:
+        assert pool_limit_bytes is None  # no budget in these tests
         holder["set"] = CpuGraphSet(forward, capture_s_each=0.01 if budget_s is not None else 0)
         return holder["set"]
 
