@@ -106,7 +106,17 @@ class GraphCaptureError(RuntimeError):
     def __init__(self, message: str, out_of_memory: bool = False, over_limit: bool = False):
         super().__init__(message)
         self.out_of_memory = out_of_memory
-        self.over_limit = over_limit  # the pool would pass ``pool_limit_bytes``: not captured
+        self.over_limit = over_limit  # past the GraphMemoryLimit: not captured
+
+
+@dataclass(frozen=True)
+class GraphMemoryLimit:
+    """What a replica's CUDA graphs may cost: ``limit_bytes`` in all, their pool and the
+    memory that capturing adds outside torch (kernels loaded on first launch, each graph's own
+    device memory), the latter read from ``process_bytes`` (NVML's bytes for this process)."""
+
+    limit_bytes: int
+    process_bytes: Callable[[], int | None] | None = None
 
 
 class GraphSet:
@@ -116,13 +126,15 @@ class GraphSet:
         self,
         forward: Callable[..., Tensors],
         device: torch.device,
-        pool_limit_bytes: int | None = None,
+        limit: GraphMemoryLimit | None = None,
     ):
         self.forward = forward
         self.device = device
-        # The most the captures may add to reserved memory; a shape whose eager pass shows it
-        # would take the pool past this is not captured and runs eagerly (``over_limit``).
-        self.pool_limit_bytes = pool_limit_bytes
+        # What the captures may cost in all; a shape that would take them past it is not
+        # captured and runs eagerly (``over_limit``).
+        self.limit = limit
+        self._outside_start: int | None = None  # bytes outside torch before the first capture
+        self.outside_torch_bytes = 0  # what the captures added outside torch (``limit``)
         self._graphs: dict[Hashable, _Captured] = {}
         self._pool: Any = None
         self.capture_s = 0.0
@@ -137,6 +149,21 @@ class GraphSet:
     def __len__(self) -> int:
         return len(self._graphs)
 
+    def _outside_torch_bytes(self) -> int:
+        """What the captures so far added to the process outside torch's allocator (kernels
+        loaded on first launch, the graphs' own device memory): the growth of the process's
+        bytes less torch's reserved bytes since the first capture, kept in
+        ``outside_torch_bytes``; 0 without a process reading."""
+        read = self.limit.process_bytes if self.limit else None
+        now = read() if read is not None else None
+        if now is None:
+            return self.outside_torch_bytes
+        outside = now - int(torch.cuda.memory_reserved(self.device))
+        if self._outside_start is None:
+            self._outside_start = outside
+        self.outside_torch_bytes = max(self.outside_torch_bytes, outside - self._outside_start)
+        return self.outside_torch_bytes
+
     def capture(self, key: Hashable, example: Tensors) -> None:
         """Capture ``forward(*example)`` under ``key``; a copy of ``example`` becomes the static
         inputs. What the static inputs and the pool's growth reserved (cached blocks given back
@@ -146,19 +173,21 @@ class GraphSet:
         while the replica serves runs on the model thread, and another thread's CUDA call (a
         memory reading) must not fail it.
 
-        With ``pool_limit_bytes``, the eager warm-up's reserved growth (the inputs and one
-        pass's activations, from an emptied cache) estimates what the capture needs; the pool
-        holds about its largest pass, so a shape whose estimate exceeds both the pool so far
-        and the limit is not captured (``over_limit``).
+        With a ``limit``, the eager warm-up's reserved growth (the inputs and one pass's
+        activations, from an emptied cache) estimates what the capture needs. The pool holds
+        about its largest pass, so the captures' cost after this one is about the larger of
+        the pool and that estimate, plus what they added outside torch so far; a shape that
+        would take it past ``limit.limit_bytes`` is not captured (``over_limit``).
 
         Raises:
             GraphCaptureError: the forward pass does something a graph cannot hold (a host
                 synchronisation, a CPU tensor, ...), ran out of memory (``out_of_memory``), or
-                would take the pool past ``pool_limit_bytes`` (``over_limit``).
+                would take the captures past their limit (``over_limit``).
         """
         t0 = time.perf_counter()
         try:
             torch.cuda.empty_cache()
+            outside = self._outside_torch_bytes()
             before = torch.cuda.memory_reserved(self.device)
             static = tuple(t.clone() for t in example)
             stream = side_stream(self.device)
@@ -169,15 +198,14 @@ class GraphSet:
             torch.cuda.current_stream(self.device).wait_stream(stream)
             torch.cuda.synchronize(self.device)
             need = torch.cuda.memory_reserved(self.device) - before
-            if self.pool_limit_bytes is not None and need > max(
-                self.pool_bytes, self.pool_limit_bytes
-            ):
+            projected = max(self.pool_bytes, need) + outside
+            if self.limit is not None and projected > self.limit.limit_bytes:
                 del static
                 torch.cuda.empty_cache()
                 self.capture_s += time.perf_counter() - t0
                 raise GraphCaptureError(
-                    f"capturing shape {key!r} needs about {need} bytes, past the pool's limit "
-                    f"of {self.pool_limit_bytes}",
+                    f"capturing shape {key!r} would bring the graphs' memory to about "
+                    f"{projected} bytes, past their limit of {self.limit.limit_bytes}",
                     over_limit=True,
                 )
             # The warm-up's blocks would stay cached outside the graphs' pool: give them back
@@ -196,6 +224,7 @@ class GraphSet:
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
             self.pool_bytes += torch.cuda.memory_reserved(self.device) - before
+            self._outside_torch_bytes()
         except GraphCaptureError:
             raise
         except Exception as exc:  # noqa: BLE001 - any capture failure, named for the user
@@ -300,8 +329,9 @@ class GraphSet:
             "graphs_at_start": self.captured_at_start,
             "pending": len(self._pending),
             "skipped_out_of_memory": len(self.skipped),
-            "skipped_pool_limit": len(self.over_limit),
-            "pool_limit_bytes": self.pool_limit_bytes,
+            "skipped_over_limit": len(self.over_limit),
+            "limit_bytes": self.limit.limit_bytes if self.limit else None,
+            "outside_torch_bytes": self.outside_torch_bytes,
             "capture_s": round(self.capture_s, 3),
             "pool_bytes": self.pool_bytes,
         }

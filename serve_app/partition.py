@@ -159,8 +159,11 @@ class Partition:
     cache_threshold_fraction: float = 0.0
     cache_frees: int = 0
     decoder_bytes: int = 0  # nvJPEG's buffers and margin, in the overhead (outside the torch cap)
+    decoder_margin_bytes: int = 0  # the margin: in the overhead, not yet in NVML's reading
     enforcement: str = "torch"
     mps_plan: mps.ClientPlan | None = None
+    # How much the memory outside torch grew after start-up's measurement (``refit``).
+    non_torch_growth_bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -275,6 +278,7 @@ class Partition:
             cache_policy=args.memory.cache_policy,
             cache_threshold_fraction=args.memory.cache_threshold_fraction,
             decoder_bytes=decoder.reserve_bytes if decoder else 0,
+            decoder_margin_bytes=decoder.reserve_bytes - decoder.raw_bytes if decoder else 0,
             enforcement=enforcement,
             mps_plan=plan,
         )
@@ -337,6 +341,51 @@ class Partition:
                 if count:
                     self.cache_frees += 1
 
+    def refit(self, why: str) -> int:
+        """Re-measure the bytes this process holds outside torch and lower the torch cap by
+        any growth since the last measurement, so that the torch cap plus them stays within
+        ``cap_bytes``; the growth in bytes (0 when none, or with no torch cap or no NVML
+        reading of this process).
+
+        The overhead measured at start-up is the CUDA context alone. Kernels load lazily on
+        their first launch and an instantiated CUDA graph holds device memory of its own, both
+        outside the allocator: on the H200 a MiniLM replica's first eager pass added 76 MiB and
+        112 graphs 126 MiB more (``docs/results/startup/graph_memory_probe_h200.json``). Call
+        it on the model thread, after work that can load kernels or capture graphs.
+        """
+        budget = self.budget
+        if not self.torch_capped or budget is None or self.gpu_uuid is None:
+            return 0
+        reserved = int(torch.cuda.memory_reserved(self.device))
+        proc = self.process_bytes()
+        if proc is None or int(torch.cuda.memory_reserved(self.device)) != reserved:
+            return 0  # no reading, or torch's figure moved under it: try again later
+        non_torch = int(proc) - reserved + self.decoder_margin_bytes
+        growth = non_torch - budget.overhead_bytes
+        if growth <= 0:
+            return 0
+        torch_cap = max(0, budget.cap_bytes - non_torch)
+        self.budget = dataclasses.replace(
+            budget,
+            overhead_bytes=non_torch,
+            torch_cap_bytes=torch_cap,
+            torch_fraction=torch_cap / budget.device_total_bytes,
+        )
+        self.non_torch_growth_bytes += growth
+        torch.cuda.set_per_process_memory_fraction(self.budget.torch_fraction, self.device)
+        if reserved > torch_cap:
+            self.free_cache(count=False)
+        logger.info(
+            "memory outside torch grew by %s (%s; %s since start-up): torch cap lowered to %s "
+            "so that the process stays within its cap of %s",
+            format_bytes(growth),
+            why,
+            format_bytes(self.non_torch_growth_bytes),
+            format_bytes(torch_cap),
+            format_bytes(budget.cap_bytes),
+        )
+        return growth
+
     def after_batch(self) -> bool:
         """Give cached memory back by policy; True when it freed."""
         if not self.on_gpu or self.budget is None:
@@ -383,6 +432,7 @@ class Partition:
             "peak_allocated_bytes": snap.peak_allocated_bytes,
             "peak_reserved_bytes": snap.peak_reserved_bytes,
             "non_torch_overhead_bytes": budget.overhead_bytes if budget else 0,
+            "non_torch_growth_bytes": self.non_torch_growth_bytes,
             "nvjpeg_bytes": self.decoder_bytes,
             "overhead_source": self.overhead_source,
             "nvml_process_bytes": proc,

@@ -52,6 +52,9 @@ INLINE_DECODE_MAX_BYTES = 64 * 1024
 # every 0.5 s, cost 8 MiniLM replicas on one H200 more than half their throughput at one text
 # per request for the first minute (docs/controller.md).
 WANTED_CAPTURE_S = 0.25
+# How often a serving replica re-reads the memory it holds outside torch (a kernel loads on its
+# first launch, outside the allocator) and lowers its torch cap by any growth (Partition.refit).
+REFIT_EVERY_S = 5.0
 EMPTY_QUERY: dict[str, str] = {}
 
 
@@ -99,6 +102,7 @@ class ModelServer:
         self.first_request_since_imports_s: float | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
         self._capture_lock = threading.Lock()  # graph capture between batches vs check_health
+        self._refit_at_s = time.perf_counter()  # the last Partition.refit while serving
         self._served_by = {"x-serve-app-replica": self.replica_id}
         self._api_keys = ApiKeys(env.api_keys())  # from the environment, never the config
         self._batcher: Batcher[Any, Any] = Batcher(
@@ -165,20 +169,23 @@ class ModelServer:
                     and time.perf_counter() - t0 < WANTED_CAPTURE_S
                 ):
                     more = graphs.capture_next()
+            self.partition.refit("CUDA graph capture between batches")
             if not more:
                 info = graphs.describe()
                 logger.info(
                     "CUDA graphs: all %d captured (%d at start-up, %d out of memory, %d over "
-                    "the pool's limit), %.2f s of capture, %s pool",
+                    "their memory limit), %.2f s of capture, %s pool",
                     info["graphs"],
                     info["graphs_at_start"],
                     info["skipped_out_of_memory"],
-                    info["skipped_pool_limit"],
+                    info["skipped_over_limit"],
                     info["capture_s"],
                     format_bytes(max(0, info["pool_bytes"])),
                 )
         elif not busy and self.warmup is not None and self.warmup.pending:
-            if not self.warmup.step():
+            more_warmup = self.warmup.step()
+            self.partition.refit("a warm-up batch")
+            if not more_warmup:
                 logger.info(
                     "warm-up: done, %d batches in %.2f s",
                     self.warmup.ran,
@@ -229,6 +236,9 @@ class ModelServer:
         self.batched_items += len(items)
         self.largest_batch = max(self.largest_batch, len(items))
         self.partition.after_batch()
+        if started_s - self._refit_at_s >= REFIT_EVERY_S:
+            self._refit_at_s = started_s
+            self.partition.refit("serving")
         self.batch_busy_s += time.perf_counter() - started_s
         return outputs
 
@@ -470,8 +480,9 @@ class ModelServer:
                 "cuda_graphs_pending": graphs["pending"] if graphs else 0,
                 "cuda_graph_capture_s": graphs["capture_s"] if graphs else None,
                 "cuda_graph_pool_bytes": graphs["pool_bytes"] if graphs else None,
-                "cuda_graph_pool_limit_bytes": graphs["pool_limit_bytes"] if graphs else None,
-                "cuda_graphs_over_pool_limit": graphs["skipped_pool_limit"] if graphs else 0,
+                "cuda_graph_limit_bytes": graphs["limit_bytes"] if graphs else None,
+                "cuda_graph_outside_torch_bytes": graphs["outside_torch_bytes"] if graphs else None,
+                "cuda_graphs_over_limit": graphs["skipped_over_limit"] if graphs else 0,
                 "cuda_graph_replays": graph_set.replays if graph_set is not None else 0,
                 "queued_items": self._batcher.queued,
                 "rejected_requests": self._batcher.rejected_requests,

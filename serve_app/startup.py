@@ -21,7 +21,7 @@ import torch
 from serve_app import calibcache
 from serve_app.config import AppArgs
 from serve_app.errors import StartupError
-from serve_app.graphs import graph_batch_limit, steps_within
+from serve_app.graphs import GraphMemoryLimit, graph_batch_limit, steps_within
 from serve_app.memory import format_bytes
 from serve_app.partition import Partition
 
@@ -86,18 +86,24 @@ def start_replica(args: AppArgs, num_gpus: float) -> Started:
     with phases("weights"):
         adapter = make_adapter(args)
         load_weights(adapter, partition)
+        if partition.on_gpu:
+            first_launch(adapter, partition)
     # Graphs first: their memory pool stays, so calibration must measure beside it.
     with phases("graph_capture"):  # what was captured: adapter.graphs.describe()
         if partition.on_gpu and args.cuda_graphs:
             capture_graphs(
                 adapter, partition, graph_batch_limit(args), args.cuda_graph_startup_budget_s
             )
+            # Capture loads kernels and instantiates graphs outside torch: the cap makes room.
+            partition.refit("CUDA graph capture")
     with phases("calibration"):
         batch_cap, calibration, source, entry = initial_batch_cap(args, adapter, partition)
+        partition.refit("calibration")
     with phases("warmup"):
         warmup = None
         if partition.on_gpu and args.warmup:
             warmup = warm_up(adapter, partition, batch_cap, args.warmup_startup_budget_s)
+            partition.refit("warm-up")
     return Started(
         partition=partition,
         adapter=adapter,
@@ -112,6 +118,26 @@ def start_replica(args: AppArgs, num_gpus: float) -> Started:
         preloaded=phases.preloaded,
         waited_s=phases.waited_s,
     )
+
+
+def first_launch(adapter: Any, partition: Partition) -> None:
+    """Run the smallest warm-up batch once and count what it added outside torch (kernels load
+    on their first launch, outside the allocator: 76 MiB for MiniLM on the H200) into the
+    overhead, lowering the torch cap to match (``Partition.refit``). Done while torch holds
+    little more than the weights, so the process stays within its cap while the kernels load;
+    found later, under a full allocator, they would take it past."""
+    batches = adapter.warmup_batches(1)
+    if not batches:
+        return
+    if not run_fits(adapter, partition, min(batches, key=_batch_size_key)):
+        cap = format_bytes(partition.budget.cap_bytes) if partition.budget else "none"
+        raise StartupError(
+            f"{adapter.args.model_name!r}: one input of the smallest size does not fit beside "
+            f"the weights under the replica's cap ({cap}); raise num_gpus or "
+            "memory.memory_fraction"
+        )
+    partition.free_cache(count=False)
+    partition.refit("the first launch of the model's kernels")
 
 
 def load_weights(adapter: Any, partition: Partition) -> None:
@@ -354,9 +380,9 @@ def capture_graphs(
     """
     from serve_app.graphs import GRAPH_POOL_ROOM_SHARE, GraphCaptureError
 
-    pool_limit = graph_pool_limit_bytes(partition)
+    limit = graph_memory_limit(partition)
     try:
-        graphs = adapter.capture_graphs(max_batch_size, budget_s, pool_limit)
+        graphs = adapter.capture_graphs(max_batch_size, budget_s, limit)
     except GraphCaptureError as exc:
         raise StartupError(
             f"CUDA graph capture of {adapter.args.model_name!r} failed ({exc}); set "
@@ -382,28 +408,32 @@ def capture_graphs(
             "replica's memory share",
             info["skipped_out_of_memory"],
         )
-    if info["skipped_pool_limit"]:
+    if info["skipped_over_limit"]:
         logger.warning(
-            "CUDA graphs: %d shapes would have taken the graphs' pool past %s (%.0f%% of the "
-            "room the cap leaves beside the weights) and run eagerly instead, so that eager "
+            "CUDA graphs: %d shapes would have taken the graphs' memory past %s (%.0f%% of "
+            "the room the cap leaves beside the weights) and run eagerly instead, so that eager "
             "batches keep their room; raise the replica's memory share to graph them",
-            info["skipped_pool_limit"],
-            format_bytes(pool_limit or 0),
+            info["skipped_over_limit"],
+            format_bytes(limit.limit_bytes if limit else 0),
             GRAPH_POOL_ROOM_SHARE * 100,
         )
     return info
 
 
-def graph_pool_limit_bytes(partition: Partition) -> int | None:
-    """The most a replica's CUDA graphs may hold: GRAPH_POOL_ROOM_SHARE of the room its torch
-    cap leaves beside what is allocated now (the weights); None without a budget."""
+def graph_memory_limit(partition: Partition) -> GraphMemoryLimit | None:
+    """What a replica's CUDA graphs may cost: GRAPH_POOL_ROOM_SHARE of the room its torch cap
+    leaves beside what is allocated now (the weights), counting what capture adds outside
+    torch through NVML's reading of the process; None without a budget."""
     from serve_app.graphs import GRAPH_POOL_ROOM_SHARE
 
     budget = partition.budget
     if budget is None:
         return None
     room = budget.torch_cap_bytes - torch.cuda.memory_allocated(partition.device)
-    return max(0, int(room * GRAPH_POOL_ROOM_SHARE))
+    return GraphMemoryLimit(
+        limit_bytes=max(0, int(room * GRAPH_POOL_ROOM_SHARE)),
+        process_bytes=partition.process_bytes,
+    )
 
 
 def calibrate_batch_size(adapter: Any, partition: Partition, max_batch_size: int) -> Any:

@@ -14,7 +14,7 @@ import torch
 
 from serve_app.config import AppArgs
 from serve_app.errors import ConfigError
-from serve_app.graphs import GraphSet
+from serve_app.graphs import GraphMemoryLimit, GraphSet
 
 
 @dataclass
@@ -63,11 +63,11 @@ class ModelAdapter(Protocol):
         self,
         max_batch_size: int,
         budget_s: float | None = None,
-        pool_limit_bytes: int | None = None,
+        limit: GraphMemoryLimit | None = None,
     ) -> GraphSet:
         """Capture the forward pass as CUDA graphs for batches up to ``max_batch_size``, for at
-        most ``budget_s`` (the rest stay pending: ``GraphSet.capture_all``), the pool within
-        ``pool_limit_bytes`` when given (``GraphSet``); later ``predict``
+        most ``budget_s`` (the rest stay pending: ``GraphSet.capture_all``), their memory within
+        ``limit`` when given (``GraphSet``); later ``predict``
         calls replay them where a batch's shape has one (see graphs.py)."""
 
     def describe(self) -> dict[str, Any]:

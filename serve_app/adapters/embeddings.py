@@ -25,7 +25,7 @@ from serve_app.adapters.base import Decoded, load_state_dict, pow2_sizes, resolv
 from serve_app.adapters.jsonbody import check_model, parse_json_object, string_list
 from serve_app.config import AppArgs
 from serve_app.errors import BadRequest, ConfigError
-from serve_app.graphs import GraphSet, bucket_for, graph_batch_sizes
+from serve_app.graphs import GraphMemoryLimit, GraphSet, bucket_for, graph_batch_sizes
 
 logger = logging.getLogger("serve_app")
 # serve_app loads models from local directories only (model_path, the packaged model, the
@@ -282,14 +282,14 @@ class EmbeddingAdapter:
         self,
         max_batch_size: int,
         budget_s: float | None = None,
-        pool_limit_bytes: int | None = None,
+        limit: GraphMemoryLimit | None = None,
     ) -> GraphSet:
         """CUDA graphs of the forward pass for each batch bucket up to ``max_batch_size`` and
         each of GRAPH_LENGTHS within the model's limit (for at most ``budget_s``: see
         ``GraphSet.capture_all``)."""
         lengths = [n for n in GRAPH_LENGTHS if n <= min(self.max_tokens, self.max_positions)]
         sizes = graph_batch_sizes(max_batch_size)
-        graphs = GraphSet(self._forward, self.device, pool_limit_bytes)
+        graphs = GraphSet(self._forward, self.device, limit)
         examples = []
         for b in sizes:
             for n in lengths:

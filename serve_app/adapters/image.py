@@ -44,7 +44,7 @@ from serve_app.errors import (
     ServeAppError,
     UnsupportedMediaType,
 )
-from serve_app.graphs import GraphSet, bucket_for, graph_batch_sizes
+from serve_app.graphs import GraphMemoryLimit, GraphSet, bucket_for, graph_batch_sizes
 
 logger = logging.getLogger("serve_app")
 
@@ -246,12 +246,12 @@ class ImageClassifierAdapter:
         self,
         max_batch_size: int,
         budget_s: float | None = None,
-        pool_limit_bytes: int | None = None,
+        limit: GraphMemoryLimit | None = None,
     ) -> GraphSet:
         """CUDA graphs of the forward pass for batch buckets up to ``max_batch_size`` (for at
         most ``budget_s``: see ``GraphSet.capture_all``)."""
         size = self.args.image_size
-        graphs = GraphSet(self._forward, self.device, pool_limit_bytes)
+        graphs = GraphSet(self._forward, self.device, limit)
         sizes = graph_batch_sizes(max_batch_size)
         self.graphs, self._graph_sizes = graphs, sizes
         graphs.capture_all(

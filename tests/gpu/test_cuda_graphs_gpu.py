@@ -5,8 +5,9 @@ For ResNet-50 and MiniLM (fp16, random weights, as the replica loads them with
 and token lengths, some inside the captured buckets and some past them, are compared with the
 same batches run eagerly. Batches run one after another, so each replay starts from the stale
 rows of the one before. A test captures under a tight cap and checks that the shapes that do
-not fit are skipped and the rest still serve; another, that a pool limit keeps the largest
-shapes eager. The last captures MiniLM within a start-up budget (0.1 s), then the rest one at
+not fit are skipped and the rest still serve; another, that a memory limit keeps the largest
+shapes eager; another, that ``Partition.refit`` lowers the torch cap by what capture added
+outside torch. The last captures MiniLM within a start-up budget (0.1 s), then the rest one at
 a time while another thread reads CUDA's memory figures (as a serving replica's report does),
 and records the times and the pool's growth in
 ``cuda_graphs_deferred.json`` under ``$SERVE_APP_RESULTS_DIR``.
@@ -31,7 +32,9 @@ import torch
 from serve_app.adapters.embeddings import GRAPH_LENGTHS, EmbeddingAdapter
 from serve_app.adapters.image import ImageClassifierAdapter
 from serve_app.config import parse_args
-from serve_app.graphs import GraphSet
+from serve_app.graphs import GraphMemoryLimit, GraphSet
+from serve_app.partition import Partition
+from serve_app.startup import graph_memory_limit
 
 pytestmark = pytest.mark.gpu
 
@@ -130,10 +133,10 @@ def test_capture_under_a_tight_cap_skips_what_does_not_fit() -> None:
         torch.cuda.set_per_process_memory_fraction(1.0, DEVICE)
 
 
-def test_the_pool_limit_keeps_large_shapes_eager() -> None:
-    """A pool limit (what start-up gives: half the room the cap leaves beside the weights)
-    stops the shapes whose eager pass shows they would take the pool past it; they run eagerly
-    and give the same results, and the pool stays about within the limit."""
+def test_the_memory_limit_keeps_large_shapes_eager() -> None:
+    """A limit on what graphs may cost (start-up gives half the room the cap leaves beside the
+    weights) stops the shapes whose eager pass shows they would take the graphs past it; they
+    run eagerly and give the same results, and the graphs stay about within the limit."""
     gc.collect()
     torch.cuda.empty_cache()
     adapter = EmbeddingAdapter(
@@ -141,11 +144,11 @@ def test_the_pool_limit_keeps_large_shapes_eager() -> None:
     )
     adapter.setup(DEVICE)
     limit = 16 * 1024**2
-    graphs = adapter.capture_graphs(GRAPH_MAX, None, limit)
+    graphs = adapter.capture_graphs(GRAPH_MAX, None, GraphMemoryLimit(limit))
     info = graphs.describe()
     assert graphs.over_limit, f"every shape fit within {limit} bytes: lower the limit ({info})"
     assert len(graphs) > 0, f"no shape fit within {limit} bytes: raise the limit ({info})"
-    assert info["skipped_pool_limit"] == len(graphs.over_limit) and not graphs.skipped
+    assert info["skipped_over_limit"] == len(graphs.over_limit) and not graphs.skipped
     # The estimate is the eager pass's reserved growth; the pool may round up a segment.
     assert graphs.pool_bytes <= 2 * limit, info
     big_key = max(graphs.over_limit, key=lambda k: k[0] * k[1])
@@ -153,9 +156,47 @@ def test_the_pool_limit_keeps_large_shapes_eager() -> None:
     big = [[101] + [2000 + (i + j) % 500 for j in range(width - 2)] + [102] for i in range(rows)]
     before = graphs.replays
     out = adapter.predict(big)
-    assert graphs.replays == before, "a shape over the pool's limit replayed a graph"
+    assert graphs.replays == before, "a shape over the limit replayed a graph"
     for g, e in zip(out, _eager(adapter, big), strict=True):
         assert float(np.dot(g, e) / (np.linalg.norm(g) * np.linalg.norm(e))) > 0.999
+
+
+def test_refit_lowers_the_torch_cap_by_what_capture_added_outside_torch() -> None:
+    """Kernels loaded on first launch and instantiated graphs hold device memory outside
+    torch's allocator: after capture, Partition.refit reads NVML's bytes for this process and
+    lowers the torch cap by the growth, so that the cap plus the memory outside torch is the
+    replica's cap again; the graphs count that memory against their limit."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    args = parse_args({"adapter": "embeddings", "load_format": "dummy", "dtype": "float16"})
+    partition = Partition.start(args, 0.25)
+    try:
+        budget = partition.budget
+        assert budget is not None
+        adapter = EmbeddingAdapter(args)
+        adapter.setup(partition.device)
+        limit = graph_memory_limit(partition)
+        assert limit is not None and limit.process_bytes is not None
+        graphs = adapter.capture_graphs(GRAPH_MAX, None, limit)
+        assert len(graphs) > 0 and graphs.outside_torch_bytes > 0, graphs.describe()
+        growth = partition.refit("test")
+        after = partition.budget
+        assert after is not None
+        assert growth > 0 and partition.non_torch_growth_bytes == growth
+        assert after.overhead_bytes == budget.overhead_bytes + growth
+        assert after.torch_cap_bytes == budget.cap_bytes - after.overhead_bytes
+        assert after.torch_fraction < budget.torch_fraction
+        proc = partition.process_bytes()
+        assert proc is not None
+        outside = proc - int(torch.cuda.memory_reserved(DEVICE))
+        assert outside <= after.overhead_bytes, (outside, after)
+        assert partition.refit("again") == 0  # nothing grew since
+        log_line = (
+            f"graphs {len(graphs)}, outside torch {graphs.outside_torch_bytes}, refit {growth}"
+        )
+        print(log_line)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, DEVICE)
 
 
 def test_capture_within_the_startup_budget_then_the_rest_while_serving(

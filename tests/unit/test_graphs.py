@@ -22,7 +22,13 @@ from serve_app.adapters.embeddings import GRAPH_LENGTHS, EmbeddingAdapter
 from serve_app.adapters.image import ImageClassifierAdapter
 from serve_app.config import parse_args
 from serve_app.errors import ConfigError
-from serve_app.graphs import GraphCaptureError, GraphSet, bucket_for, graph_batch_sizes
+from serve_app.graphs import (
+    GraphCaptureError,
+    GraphMemoryLimit,
+    GraphSet,
+    bucket_for,
+    graph_batch_sizes,
+)
 
 Tensors = tuple[torch.Tensor, ...]
 
@@ -102,9 +108,9 @@ def _with_cpu_graphs(
     holder: dict[str, CpuGraphSet] = {}
 
     def make(
-        forward: Callable[..., Tensors], device: torch.device, pool_limit_bytes: int | None
+        forward: Callable[..., Tensors], device: torch.device, limit: GraphMemoryLimit | None
     ) -> CpuGraphSet:
-        assert pool_limit_bytes is None  # no budget in these tests
+        assert limit is None  # no budget in these tests
         holder["set"] = CpuGraphSet(forward, capture_s_each=0.01 if budget_s is not None else 0)
         return holder["set"]
 

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+import torch
 
 from serve_app.memory import InsufficientGpuMemoryError, plan_budget
-from serve_app.partition import fit_cap_to_device, resolve_device, startup_tolerance_bytes
+from serve_app.partition import (
+    Partition,
+    fit_cap_to_device,
+    resolve_device,
+    startup_tolerance_bytes,
+)
 
 TOTAL = 150_109_880_320  # an H200 as torch reports it
 CONTEXT = 641_728_512
+MIB = 1 << 20
+GIB = 1 << 30
 
 
 def test_tolerance_is_half_a_percent() -> None:
@@ -41,3 +51,53 @@ def test_short_by_more_than_the_tolerance_fails_with_the_fix() -> None:
 def test_cpu_device_without_cuda() -> None:
     assert resolve_device("auto").type == "cpu"
     assert resolve_device("cpu").type == "cpu"
+
+
+def _capped(monkeypatch: pytest.MonkeyPatch, reserved: list[int], proc: list[int | None]) -> Any:
+    """A GPU Partition (fakes for torch's reserved bytes, its cap setter and NVML's reading of
+    the process: the arithmetic of refit, not CUDA)."""
+    budget = plan_budget(0.25, 100 * GIB, overhead_bytes=600 * MIB)
+    part = Partition(
+        device=torch.device("cuda", 0),
+        num_gpus=0.25,
+        gpu_mode="cuda",
+        gpu_uuid="GPU-fake",
+        budget=budget,
+    )
+    fractions: list[float] = []
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: reserved[0])
+    monkeypatch.setattr(
+        torch.cuda, "set_per_process_memory_fraction", lambda f, device=None: fractions.append(f)
+    )
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(Partition, "process_bytes", lambda self: proc[0])
+    part.fractions = fractions  # type: ignore[attr-defined]
+    return part
+
+
+def test_refit_lowers_the_torch_cap_by_the_growth_outside_torch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reserved, proc = [2 * GIB], [2 * GIB + 600 * MIB]
+    part = _capped(monkeypatch, reserved, proc)
+    start = part.budget
+    assert part.refit("nothing grew") == 0 and part.fractions == []
+    proc[0] += 80 * MIB  # kernels loaded outside torch
+    assert part.refit("kernels") == 80 * MIB
+    after = part.budget
+    assert after.overhead_bytes == 680 * MIB and after.cap_bytes == start.cap_bytes
+    assert after.torch_cap_bytes == start.cap_bytes - 680 * MIB
+    assert part.fractions == [after.torch_fraction] and part.non_torch_growth_bytes == 80 * MIB
+    reserved[0] += GIB  # torch's own growth moves both figures: not outside torch
+    proc[0] += GIB
+    assert part.refit("torch grew") == 0
+    proc[0] = None  # no NVML reading: nothing changes
+    assert part.refit("no reading") == 0 and part.budget == after
+
+
+def test_refit_does_nothing_without_a_torch_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    part = _capped(monkeypatch, [GIB], [GIB + GIB])
+    part.enforcement = "mps"  # the driver's limit, which counts everything, enforces the cap
+    assert part.refit("mps") == 0 and part.fractions == []
+    cpu = Partition(device=torch.device("cpu"), num_gpus=0.0)
+    assert cpu.refit("cpu") == 0

@@ -177,6 +177,7 @@ def test_work_between_batches_captures_graphs_first_then_warms_up() -> None:
                 "graphs": 2,
                 "graphs_at_start": 0,
                 "skipped_out_of_memory": 0,
+                "skipped_over_limit": 0,
                 "capture_s": 0.0,
                 "pool_bytes": 0,
             }
@@ -191,15 +192,21 @@ def test_work_between_batches_captures_graphs_first_then_warms_up() -> None:
             self.pending.pop(0)
             return bool(self.pending)
 
+    refits: list[str] = []  # each step may load kernels: the partition re-reads its memory
     server = SimpleNamespace(
-        adapter=SimpleNamespace(graphs=Graphs()), warmup=Warm(), _capture_lock=lock
+        adapter=SimpleNamespace(graphs=Graphs()),
+        warmup=Warm(),
+        _capture_lock=lock,
+        partition=SimpleNamespace(refit=lambda why: refits.append(why) or 0),
     )
     server._start_up_left = lambda: cls._start_up_left(server)
     # under load, with nothing wanted: nothing at all
     assert cls._work_between_batches(server, busy=True) is True and calls == []
+    assert refits == []
     more = [cls._work_between_batches(server) for _ in range(4)]
     assert calls == ["capture", "capture", "warm", "warm"]
     assert more == [True, True, True, False]
+    assert len(refits) == 4
 
 
 def test_work_between_batches_under_load_captures_only_wanted_shapes() -> None:
@@ -237,7 +244,10 @@ def test_work_between_batches_under_load_captures_only_wanted_shapes() -> None:
 
     graphs = Graphs()
     server = SimpleNamespace(
-        adapter=SimpleNamespace(graphs=graphs), warmup=Warm(), _capture_lock=threading.Lock()
+        adapter=SimpleNamespace(graphs=graphs),
+        warmup=Warm(),
+        _capture_lock=threading.Lock(),
+        partition=SimpleNamespace(refit=lambda why: 0),
     )
     server._start_up_left = lambda: cls._start_up_left(server)
     assert cls._work_between_batches(server, busy=True) is True
