@@ -3,8 +3,9 @@
 1. Four embedding replicas at ``num_gpus: 0.25`` under a minute of concurrent load: NVML's bytes
    for each replica's process never exceed its budget.
 2. One replica with a small ``memory_fraction`` gets batches too big for it (OOM under its cap,
-   split and retried) while three others serve steady load: it stays up, the others see no
-   errors and keep their p99 latency within 1.5x of a baseline.
+   split and retried) while three others serve steady load: it stays up and answers them (200),
+   NVML's bytes for its process stay within its cap (sampled every 0.1 s), and the others see
+   no errors and keep their p99 latency within 1.5x of a baseline.
 3. A budget that cannot hold the CUDA context, and one that cannot hold the model, fail at
    start-up with a message that names the setting to change; other apps keep serving and the GPU
    memory comes back.
@@ -580,6 +581,8 @@ def test_2_oversized_batches_stay_in_their_replica(
             f"contended: the same plus 1 client sending {OVERSIZED_ITEMS} max-length inputs "
             f"every {OVERSIZED_PAUSE_S} s"
         )
+        big_pid = int(replica_reports(base, big, big, expect=1)[0]["pid"])
+        sampler = NvmlSampler([big_pid], period_s=0.1).start()
         contended, oversized = run_side_by_side(
             lambda: run_load(
                 steady_url, steady_bodies, clients=STEADY_CLIENTS, duration_s=STEADY_PHASE_S
@@ -593,6 +596,7 @@ def test_2_oversized_batches_stay_in_their_replica(
                 ok_statuses=(200, 507),
             ),
         )
+        sampler.stop()
         log(f"contended steady: {contended.summary()}")
         log(f"oversized: {oversized.summary()}")
         health = httpx.get(f"{base}/{big}/healthz", timeout=10.0).status_code
@@ -616,6 +620,13 @@ def test_2_oversized_batches_stay_in_their_replica(
                 "peak_reserved_bytes": big_report["peak_reserved_bytes"],
                 "nvml_process_bytes": big_report["nvml_process_bytes"],
                 "non_torch_overhead_bytes": big_report["non_torch_overhead_bytes"],
+                "non_torch_growth_bytes": big_report["non_torch_growth_bytes"],
+                "cuda_graphs": big_report["cuda_graphs"],
+                "cuda_graphs_over_limit": big_report["cuda_graphs_over_limit"],
+                "cuda_graph_limit_bytes": big_report["cuda_graph_limit_bytes"],
+                "cuda_graph_pool_bytes": big_report["cuda_graph_pool_bytes"],
+                "nvml_samples": sampler.seen[big_pid],
+                "nvml_max_bytes": sampler.max_bytes.get(big_pid),
             },
             "steady": {
                 "clients": STEADY_CLIENTS,
@@ -638,6 +649,14 @@ def test_2_oversized_batches_stay_in_their_replica(
     bad = {k: v for k, v in oversized.statuses.items() if k not in ("200", "507")}
     assert not bad, f"oversized replica answered other than 200/507: {oversized.summary()}"
     assert health == 200, f"oversized replica /healthz answered {health} after the OOMs"
+    assert not sampler.errors and sampler.seen[big_pid] > 0, sampler.errors[:3]
+    assert sampler.max_bytes[big_pid] <= int(big_report["cap_bytes"]), (
+        f"the oversized replica went past its cap: NVML {sampler.max_bytes[big_pid]} bytes, "
+        f"cap {big_report['cap_bytes']}; see memory_gpu_2_oversized_isolation.json"
+    )
+    assert oversized.statuses.get("200", 0) > 0, (
+        f"the oversized replica answered no request: {oversized.summary()}"
+    )
     assert int(big_report["oom_recoveries"]) > 0, (
         f"no OOM happened in the oversized replica (cap {gib(big_report['cap_bytes'])}); make "
         f"OVERSIZED_ITEMS larger or OVERSIZED_ROOM_BYTES smaller: {big_report}"
