@@ -24,6 +24,7 @@ left are captured one at a time on the model thread once the replica serves, bet
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import time
 from collections import deque
@@ -45,6 +46,10 @@ CAPTURE_WARMUP_RUNS = 2
 # pool may hold. The pool never shrinks while its graphs live, so without a limit a tight cap
 # can end up all pool, and then even a single input has no room to run eagerly (507).
 GRAPH_POOL_ROOM_SHARE = 0.5
+# Below this much room, a replica runs eagerly: each capture's eager warm-up loads kernels
+# outside torch, and a MiniLM replica's graphs took about 0.3 GiB in all on the H200 (pool
+# and memory outside torch), which would leave a small cap little room for eager batches.
+GRAPH_MIN_ROOM_BYTES = 1 << 30
 
 
 def graph_batch_sizes(limit: int) -> list[int]:
@@ -214,13 +219,23 @@ class GraphSet:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with (
-                torch.inference_mode(),
-                torch.cuda.graph(
-                    graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"
-                ),
-            ):
-                outputs = self.forward(*static)
+            # No cyclic garbage collection while capturing: collecting another graph (an
+            # adapter and its GraphSet form a cycle) destroys it mid-capture, which CUDA does
+            # not permit, and the capture fails (torch's own gc.collect before capture is off
+            # by default since torch.compiler.config.force_cudagraph_gc).
+            gc_was_on = gc.isenabled()
+            gc.disable()
+            try:
+                with (
+                    torch.inference_mode(),
+                    torch.cuda.graph(
+                        graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"
+                    ),
+                ):
+                    outputs = self.forward(*static)
+            finally:
+                if gc_was_on:
+                    gc.enable()
             torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
             self.pool_bytes += torch.cuda.memory_reserved(self.device) - before

@@ -145,6 +145,11 @@ def _used_bytes(uuid: str) -> int | None:
     return None if dev is None else int(dev.used_bytes)
 
 
+# After a batch that left torch's reserved bytes at this share of its cap or more, the replica
+# re-reads its memory outside torch at once (``Partition.refit``).
+REFIT_NEAR_CAP = 0.9
+
+
 @dataclass
 class Partition:
     """The device a replica runs on and, on a GPU, its budget and cap."""
@@ -397,6 +402,10 @@ class Partition:
         stats = torch.cuda.memory_stats(self.device)
         reserved = int(stats.get("reserved_bytes.all.current", 0))
         allocated = int(stats.get("allocated_bytes.all.current", 0))
+        if self.torch_capped and reserved >= REFIT_NEAR_CAP * self.budget.torch_cap_bytes:
+            # Full to its cap, the allocator leaves no slack for growth outside torch (a kernel
+            # loading for a new shape): count it now rather than at the next periodic refit.
+            self.refit("torch near its cap")
         if should_free_cache(
             self.cache_policy,  # type: ignore[arg-type]
             reserved,

@@ -378,9 +378,20 @@ def capture_graphs(
         StartupError: capture failed for another reason than memory; the message names the
             model and the way out (shapes that run out of memory are skipped, with a warning).
     """
-    from serve_app.graphs import GRAPH_POOL_ROOM_SHARE, GraphCaptureError
+    from serve_app.graphs import GRAPH_MIN_ROOM_BYTES, GRAPH_POOL_ROOM_SHARE, GraphCaptureError
 
     limit = graph_memory_limit(partition)
+    if limit is not None and limit.limit_bytes < GRAPH_POOL_ROOM_SHARE * GRAPH_MIN_ROOM_BYTES:
+        logger.warning(
+            "CUDA graphs: off for %r: the room its cap leaves beside the weights (%s) is under "
+            "%s, and graphs' pool and their memory outside torch would crowd out the eager "
+            "batches (the model runs eagerly); raise num_gpus or memory.memory_fraction to "
+            "graph it",
+            adapter.args.model_name,
+            format_bytes(int(limit.limit_bytes / GRAPH_POOL_ROOM_SHARE)),
+            format_bytes(GRAPH_MIN_ROOM_BYTES),
+        )
+        return {}
     try:
         graphs = adapter.capture_graphs(max_batch_size, budget_s, limit)
     except GraphCaptureError as exc:

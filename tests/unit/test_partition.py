@@ -101,3 +101,20 @@ def test_refit_does_nothing_without_a_torch_cap(monkeypatch: pytest.MonkeyPatch)
     assert part.refit("mps") == 0 and part.fractions == []
     cpu = Partition(device=torch.device("cpu"), num_gpus=0.0)
     assert cpu.refit("cpu") == 0
+
+
+def test_after_batch_refits_when_torch_is_near_its_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    reserved, proc = [GIB], [GIB + 600 * MIB + 50 * MIB]  # 50 MiB grew outside torch
+    part = _capped(monkeypatch, reserved, proc)
+    part.cache_policy = "never"
+
+    def stats(device: Any = None) -> dict[str, int]:
+        return {"reserved_bytes.all.current": reserved[0], "allocated_bytes.all.current": 0}
+
+    monkeypatch.setattr(torch.cuda, "memory_stats", stats)
+    part.after_batch()  # far from the cap: no NVML reading, nothing counted
+    assert part.non_torch_growth_bytes == 0
+    reserved[0] = int(0.95 * part.budget.torch_cap_bytes)
+    proc[0] = reserved[0] + 650 * MIB
+    part.after_batch()
+    assert part.non_torch_growth_bytes == 50 * MIB and part.budget.overhead_bytes == 650 * MIB

@@ -59,3 +59,29 @@ def test_weights_that_do_not_fit_name_the_setting(monkeypatch) -> None:
 
     with pytest.raises(startup.StartupError, match="memory_fraction or ray_actor_options"):
         startup.load_weights(_Adapter(), _Part())  # type: ignore[arg-type]
+
+
+def test_graphs_are_off_when_the_cap_leaves_little_room(monkeypatch, caplog) -> None:
+    """Under GRAPH_MIN_ROOM_BYTES of room beside the weights no capture is tried (each
+    capture's eager warm-up loads kernels outside torch), and the log names the fix."""
+    from serve_app.graphs import GRAPH_MIN_ROOM_BYTES, GRAPH_POOL_ROOM_SHARE, GraphMemoryLimit
+
+    captured: list[int] = []
+    adapter = type(
+        "Adapter",
+        (),
+        {
+            "args": parse_args({"adapter": "embeddings", "model_name": "tight"}),
+            "capture_graphs": lambda self, *a: captured.append(1),
+        },
+    )()
+    room = GRAPH_MIN_ROOM_BYTES // 2
+    monkeypatch.setattr(
+        startup,
+        "graph_memory_limit",
+        lambda partition: GraphMemoryLimit(int(room * GRAPH_POOL_ROOM_SHARE)),
+    )
+    with caplog.at_level("WARNING", logger="serve_app"):
+        assert startup.capture_graphs(adapter, None, 64, 1.0) == {}  # type: ignore[arg-type]
+    assert captured == []
+    assert "CUDA graphs: off for 'tight'" in caplog.text and "memory.memory_fraction" in caplog.text
