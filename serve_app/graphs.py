@@ -118,10 +118,10 @@ class GraphCaptureError(RuntimeError):
 class GraphMemoryLimit:
     """What a replica's CUDA graphs may cost: ``limit_bytes`` in all, their pool and the
     memory that capturing adds outside torch (kernels loaded on first launch, each graph's own
-    device memory), the latter read from ``process_bytes`` (NVML's bytes for this process)."""
+    device memory), the latter read from ``outside_torch_bytes`` (``Partition``'s reading)."""
 
     limit_bytes: int
-    process_bytes: Callable[[], int | None] | None = None
+    outside_torch_bytes: Callable[[], int | None] | None = None
 
 
 class GraphSet:
@@ -145,7 +145,7 @@ class GraphSet:
         self.capture_s = 0.0
         self.pool_bytes = 0  # reserved bytes the captures added (``capture``)
         self.skipped: list[Hashable] = []  # out of memory while captured
-        self.over_limit: list[Hashable] = []  # would have taken the pool past its limit
+        self.over_limit: list[Hashable] = []  # would have taken the graphs past ``limit``
         self.replays = 0
         self._pending: deque[tuple[Hashable, Tensors]] = deque()
         self._wanted: set[Hashable] = set()  # pending shapes a batch needed (``want``)
@@ -156,14 +156,13 @@ class GraphSet:
 
     def _outside_torch_bytes(self) -> int:
         """What the captures so far added to the process outside torch's allocator (kernels
-        loaded on first launch, the graphs' own device memory): the growth of the process's
-        bytes less torch's reserved bytes since the first capture, kept in
-        ``outside_torch_bytes``; 0 without a process reading."""
-        read = self.limit.process_bytes if self.limit else None
-        now = read() if read is not None else None
-        if now is None:
+        loaded on first launch, the graphs' own device memory): the growth of the limit's
+        reading since the first capture, kept in ``outside_torch_bytes``; unchanged without a
+        reading."""
+        read = self.limit.outside_torch_bytes if self.limit else None
+        outside = read() if read is not None else None
+        if outside is None:
             return self.outside_torch_bytes
-        outside = now - int(torch.cuda.memory_reserved(self.device))
         if self._outside_start is None:
             self._outside_start = outside
         self.outside_torch_bytes = max(self.outside_torch_bytes, outside - self._outside_start)
@@ -278,8 +277,8 @@ class GraphSet:
         return len(self._pending)
 
     def capture_next(self) -> bool:
-        """Capture the next pending shape, if any (out of memory or over the pool's limit:
-        skipped, it runs eagerly); whether shapes remain. The replica's model thread calls it
+        """Capture the next pending shape, if any (out of memory or over the graphs' memory
+        limit: skipped, it runs eagerly); whether shapes remain. The replica's model thread calls it
         between batches.
 
         Raises:

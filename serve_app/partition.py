@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -146,8 +147,10 @@ def _used_bytes(uuid: str) -> int | None:
 
 
 # After a batch that left torch's reserved bytes at this share of its cap or more, the replica
-# re-reads its memory outside torch at once (``Partition.refit``).
+# re-reads its memory outside torch at once (``Partition.refit``); after any batch, once this
+# long has passed since the last reading (a kernel loads on its first launch, outside torch).
 REFIT_NEAR_CAP = 0.9
+REFIT_EVERY_S = 5.0
 
 
 @dataclass
@@ -169,6 +172,7 @@ class Partition:
     mps_plan: mps.ClientPlan | None = None
     # How much the memory outside torch grew after start-up's measurement (``refit``).
     non_torch_growth_bytes: int = 0
+    _refit_at_s: float = field(default_factory=time.perf_counter, repr=False)  # last reading
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -359,13 +363,12 @@ class Partition:
         it on the model thread, after work that can load kernels or capture graphs.
         """
         budget = self.budget
-        if not self.torch_capped or budget is None or self.gpu_uuid is None:
+        if not self.torch_capped or budget is None:
             return 0
-        reserved = int(torch.cuda.memory_reserved(self.device))
-        proc = self.process_bytes()
-        if proc is None or int(torch.cuda.memory_reserved(self.device)) != reserved:
-            return 0  # no reading, or torch's figure moved under it: try again later
-        non_torch = int(proc) - reserved + self.decoder_margin_bytes
+        self._refit_at_s = time.perf_counter()
+        non_torch = self.outside_torch_bytes()
+        if non_torch is None:
+            return 0
         growth = non_torch - budget.overhead_bytes
         if growth <= 0:
             return 0
@@ -378,7 +381,7 @@ class Partition:
         )
         self.non_torch_growth_bytes += growth
         torch.cuda.set_per_process_memory_fraction(self.budget.torch_fraction, self.device)
-        if reserved > torch_cap:
+        if int(torch.cuda.memory_reserved(self.device)) > torch_cap:
             self.free_cache(count=False)
         logger.info(
             "memory outside torch grew by %s (%s; %s since start-up): torch cap lowered to %s "
@@ -390,6 +393,18 @@ class Partition:
             format_bytes(budget.cap_bytes),
         )
         return growth
+
+    def outside_torch_bytes(self) -> int | None:
+        """The bytes this process holds outside torch's allocator, as the overhead counts them
+        (NVML's bytes for the process less torch's reserved bytes, plus nvJPEG's margin); None
+        with no NVML reading, or when torch's figure moved while NVML was read."""
+        if not self.on_gpu or self.gpu_uuid is None:
+            return None
+        reserved = int(torch.cuda.memory_reserved(self.device))
+        proc = self.process_bytes()
+        if proc is None or int(torch.cuda.memory_reserved(self.device)) != reserved:
+            return None
+        return int(proc) - reserved + self.decoder_margin_bytes
 
     def after_batch(self) -> bool:
         """Give cached memory back by policy; True when it freed."""
@@ -406,6 +421,8 @@ class Partition:
             # Full to its cap, the allocator leaves no slack for growth outside torch (a kernel
             # loading for a new shape): count it now rather than at the next periodic refit.
             self.refit("torch near its cap")
+        elif time.perf_counter() - self._refit_at_s >= REFIT_EVERY_S:
+            self.refit("serving")
         if should_free_cache(
             self.cache_policy,  # type: ignore[arg-type]
             reserved,

@@ -52,9 +52,6 @@ INLINE_DECODE_MAX_BYTES = 64 * 1024
 # every 0.5 s, cost 8 MiniLM replicas on one H200 more than half their throughput at one text
 # per request for the first minute (docs/controller.md).
 WANTED_CAPTURE_S = 0.25
-# How often a serving replica re-reads the memory it holds outside torch (a kernel loads on its
-# first launch, outside the allocator) and lowers its torch cap by any growth (Partition.refit).
-REFIT_EVERY_S = 5.0
 EMPTY_QUERY: dict[str, str] = {}
 
 
@@ -102,7 +99,6 @@ class ModelServer:
         self.first_request_since_imports_s: float | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
         self._capture_lock = threading.Lock()  # graph capture between batches vs check_health
-        self._refit_at_s = time.perf_counter()  # the last Partition.refit while serving
         self._served_by = {"x-serve-app-replica": self.replica_id}
         self._api_keys = ApiKeys(env.api_keys())  # from the environment, never the config
         self._batcher: Batcher[Any, Any] = Batcher(
@@ -235,10 +231,7 @@ class ModelServer:
         self.batches += 1
         self.batched_items += len(items)
         self.largest_batch = max(self.largest_batch, len(items))
-        self.partition.after_batch()
-        if started_s - self._refit_at_s >= REFIT_EVERY_S:
-            self._refit_at_s = started_s
-            self.partition.refit("serving")
+        self.partition.after_batch()  # the cache policy, and the refit of the torch cap
         self.batch_busy_s += time.perf_counter() - started_s
         return outputs
 

@@ -380,18 +380,19 @@ def capture_graphs(
     """
     from serve_app.graphs import GRAPH_MIN_ROOM_BYTES, GRAPH_POOL_ROOM_SHARE, GraphCaptureError
 
-    limit = graph_memory_limit(partition)
-    if limit is not None and limit.limit_bytes < GRAPH_POOL_ROOM_SHARE * GRAPH_MIN_ROOM_BYTES:
+    room = graph_room_bytes(partition)
+    if room is not None and room < GRAPH_MIN_ROOM_BYTES:
         logger.warning(
             "CUDA graphs: off for %r: the room its cap leaves beside the weights (%s) is under "
             "%s, and graphs' pool and their memory outside torch would crowd out the eager "
             "batches (the model runs eagerly); raise num_gpus or memory.memory_fraction to "
             "graph it",
             adapter.args.model_name,
-            format_bytes(int(limit.limit_bytes / GRAPH_POOL_ROOM_SHARE)),
+            format_bytes(room),
             format_bytes(GRAPH_MIN_ROOM_BYTES),
         )
         return {}
+    limit = graph_memory_limit(partition)
     try:
         graphs = adapter.capture_graphs(max_batch_size, budget_s, limit)
     except GraphCaptureError as exc:
@@ -431,19 +432,27 @@ def capture_graphs(
     return info
 
 
-def graph_memory_limit(partition: Partition) -> GraphMemoryLimit | None:
-    """What a replica's CUDA graphs may cost: GRAPH_POOL_ROOM_SHARE of the room its torch cap
-    leaves beside what is allocated now (the weights), counting what capture adds outside
-    torch through NVML's reading of the process; None without a budget."""
-    from serve_app.graphs import GRAPH_POOL_ROOM_SHARE
-
+def graph_room_bytes(partition: Partition) -> int | None:
+    """The room a replica's torch cap leaves beside what is allocated now (the weights);
+    None without a budget."""
     budget = partition.budget
     if budget is None:
         return None
-    room = budget.torch_cap_bytes - torch.cuda.memory_allocated(partition.device)
+    return max(0, budget.torch_cap_bytes - int(torch.cuda.memory_allocated(partition.device)))
+
+
+def graph_memory_limit(partition: Partition) -> GraphMemoryLimit | None:
+    """What a replica's CUDA graphs may cost: GRAPH_POOL_ROOM_SHARE of ``graph_room_bytes``,
+    counting what capture adds outside torch through the partition's reading; None without a
+    budget."""
+    from serve_app.graphs import GRAPH_POOL_ROOM_SHARE
+
+    room = graph_room_bytes(partition)
+    if room is None:
+        return None
     return GraphMemoryLimit(
-        limit_bytes=max(0, int(room * GRAPH_POOL_ROOM_SHARE)),
-        process_bytes=partition.process_bytes,
+        limit_bytes=int(room * GRAPH_POOL_ROOM_SHARE),
+        outside_torch_bytes=partition.outside_torch_bytes,
     )
 
 

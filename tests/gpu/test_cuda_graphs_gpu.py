@@ -176,7 +176,7 @@ def test_refit_lowers_the_torch_cap_by_what_capture_added_outside_torch() -> Non
         adapter = EmbeddingAdapter(args)
         adapter.setup(partition.device)
         limit = graph_memory_limit(partition)
-        assert limit is not None and limit.process_bytes is not None
+        assert limit is not None and limit.outside_torch_bytes is not None
         graphs = adapter.capture_graphs(GRAPH_MAX, None, limit)
         assert len(graphs) > 0 and graphs.outside_torch_bytes > 0, graphs.describe()
         growth = partition.refit("test")

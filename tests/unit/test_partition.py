@@ -118,3 +118,21 @@ def test_after_batch_refits_when_torch_is_near_its_cap(monkeypatch: pytest.Monke
     proc[0] = reserved[0] + 650 * MIB
     part.after_batch()
     assert part.non_torch_growth_bytes == 50 * MIB and part.budget.overhead_bytes == 650 * MIB
+
+
+def test_after_batch_refits_every_refit_every_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    from serve_app.partition import REFIT_EVERY_S
+
+    reserved, proc = [GIB], [GIB + 600 * MIB + 20 * MIB]  # 20 MiB grew outside torch
+    part = _capped(monkeypatch, reserved, proc)
+    part.cache_policy = "never"
+    monkeypatch.setattr(
+        torch.cuda,
+        "memory_stats",
+        lambda device=None: {"reserved_bytes.all.current": reserved[0]},
+    )
+    part.after_batch()  # far from the cap, read just now (start-up): not yet
+    assert part.non_torch_growth_bytes == 0
+    part._refit_at_s -= REFIT_EVERY_S
+    part.after_batch()
+    assert part.non_torch_growth_bytes == 20 * MIB

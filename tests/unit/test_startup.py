@@ -64,7 +64,7 @@ def test_weights_that_do_not_fit_name_the_setting(monkeypatch) -> None:
 def test_graphs_are_off_when_the_cap_leaves_little_room(monkeypatch, caplog) -> None:
     """Under GRAPH_MIN_ROOM_BYTES of room beside the weights no capture is tried (each
     capture's eager warm-up loads kernels outside torch), and the log names the fix."""
-    from serve_app.graphs import GRAPH_MIN_ROOM_BYTES, GRAPH_POOL_ROOM_SHARE, GraphMemoryLimit
+    from serve_app.graphs import GRAPH_MIN_ROOM_BYTES
 
     captured: list[int] = []
     adapter = type(
@@ -75,12 +75,7 @@ def test_graphs_are_off_when_the_cap_leaves_little_room(monkeypatch, caplog) -> 
             "capture_graphs": lambda self, *a: captured.append(1),
         },
     )()
-    room = GRAPH_MIN_ROOM_BYTES // 2
-    monkeypatch.setattr(
-        startup,
-        "graph_memory_limit",
-        lambda partition: GraphMemoryLimit(int(room * GRAPH_POOL_ROOM_SHARE)),
-    )
+    monkeypatch.setattr(startup, "graph_room_bytes", lambda partition: GRAPH_MIN_ROOM_BYTES // 2)
     with caplog.at_level("WARNING", logger="serve_app"):
         assert startup.capture_graphs(adapter, None, 64, 1.0) == {}  # type: ignore[arg-type]
     assert captured == []
