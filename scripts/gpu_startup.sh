@@ -4,9 +4,9 @@
 # against transformers' BertModel (load_tests/encoder_ab.py) unless PROBES=0, the start-up and
 # CUDA graph GPU tests (calibration cache reuse and invalidation; deferred capture; the graphs'
 # memory limit; the torch cap's refit), the memory tests when MEMORY_TESTS=1 (1: budgets under
-# load; 2: the oversized replica within its cap beside steady ones; 3: start-up over budget),
-# then the start-up bench with the time left. With MEMORY_TESTS=1, PROBES=0 leaves the bench
-# enough time for 5 repeats.
+# load; 2: the oversized replica within its cap beside steady ones; 3: start-up over budget;
+# MEMORY_K picks some by pytest -k), then the start-up bench with the time left. With
+# MEMORY_TESTS=1, PROBES=0 leaves the bench enough time for 5 repeats.
 # Results under $OUT: startup.json, startup.log, import_probe.json, encoder_ab.json, tests.tgz.
 # Usage: OUT=/tmp/out bash scripts/gpu_startup.sh   (after the install line of the GPU host's
 # README)
@@ -27,12 +27,13 @@ timeout 200 python3 -m pytest -p no:cacheprovider -v -s tests/gpu/test_cuda_grap
 echo "start-up and graphs tests exit $?" >> "$RES/startup_graphs_pytest.log"
 if [ "${MEMORY_TESTS:-0}" = 1 ]; then
   timeout 250 python3 -m pytest -p no:cacheprovider -v -s tests/gpu/test_memory_gpu.py \
-    -k "test_1 or test_2_ or test_3" > "$RES/memory_pytest.log" 2>&1
+    -k "${MEMORY_K:-test_1 or test_2_ or test_3}" > "$RES/memory_pytest.log" 2>&1
   echo "memory tests exit $?" >> "$RES/memory_pytest.log"
 fi
 LEFT=$(( ${CALL_S:-585} - ($(date +%s) - T0) - 45 ))
 echo "start-up bench budget: $LEFT s"
 timeout $((LEFT + 40)) python3 -m load_tests.startup_bench --device cuda --repeats 5 \
+  --only "${BENCH_ONLY:-cold,replacement,decision}" \
   --budget-s "$LEFT" --out "$OUT/startup.json" > "$OUT/startup.log" 2>&1
 echo "start-up bench exit $?" >> "$OUT/startup.log"
 for f in "$RES"/*_pytest.log; do

@@ -161,9 +161,10 @@ class AppArgs(BaseModel):
         default=1.0,
         ge=0.0,
         le=600.0,
-        description="Seconds of CUDA graph capture start-up may spend (largest shapes first); "
-        "the shapes left are captured between batches once the replica serves, and run "
-        "eagerly until then. 0 captures every shape after the replica serves.",
+        description="Seconds of CUDA graph capture start-up may spend (largest shapes first), "
+        "counting the model's first launch, which loads its kernels; the shapes left are "
+        "captured between batches once the replica serves, and run eagerly until then. 0 "
+        "captures every shape after the replica serves.",
     )
     warm_workers: int = Field(
         default=2,

@@ -151,6 +151,13 @@ def _used_bytes(uuid: str) -> int | None:
 # long has passed since the last reading (a kernel loads on its first launch, outside torch).
 REFIT_NEAR_CAP = 0.9
 REFIT_EVERY_S = 5.0
+# Kept free under the cap from the first refit on, for memory outside torch that has not grown
+# yet: refit lowers the torch cap only after a kernel has loaded, so a batch that fills torch to
+# its cap and loads one would take the process past its cap until then (memory test 2 on the
+# H200: 7 MB past, with refit after each batch near the cap and no reserve; 235 MB past before
+# any refit). Every step of growth measured after the first launch (76 MiB, done at start-up
+# while torch holds only the weights) was well under 64 MiB: about 1 MiB per graph, 7 MB there.
+NON_TORCH_RESERVE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -172,6 +179,8 @@ class Partition:
     mps_plan: mps.ClientPlan | None = None
     # How much the memory outside torch grew after start-up's measurement (``refit``).
     non_torch_growth_bytes: int = 0
+    # Held free for that growth once refit has run (NON_TORCH_RESERVE_BYTES; 0 before).
+    non_torch_reserve_bytes: int = 0
     _refit_at_s: float = field(default_factory=time.perf_counter, repr=False)  # last reading
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -352,7 +361,8 @@ class Partition:
 
     def refit(self, why: str) -> int:
         """Re-measure the bytes this process holds outside torch and lower the torch cap by
-        any growth since the last measurement, so that the torch cap plus them stays within
+        any growth since the last measurement, keeping ``NON_TORCH_RESERVE_BYTES`` free below
+        the cap for growth not yet seen, so that the torch cap plus them stays within
         ``cap_bytes``; the growth in bytes (0 when none, or with no torch cap or no NVML
         reading of this process).
 
@@ -369,27 +379,31 @@ class Partition:
         non_torch = self.outside_torch_bytes()
         if non_torch is None:
             return 0
-        growth = non_torch - budget.overhead_bytes
-        if growth <= 0:
+        growth = max(0, non_torch - budget.overhead_bytes)
+        overhead = budget.overhead_bytes + growth
+        torch_cap = max(0, budget.cap_bytes - overhead - NON_TORCH_RESERVE_BYTES)
+        if torch_cap >= budget.torch_cap_bytes:
             return 0
-        torch_cap = max(0, budget.cap_bytes - non_torch)
         self.budget = dataclasses.replace(
             budget,
-            overhead_bytes=non_torch,
+            overhead_bytes=overhead,
             torch_cap_bytes=torch_cap,
             torch_fraction=torch_cap / budget.device_total_bytes,
         )
         self.non_torch_growth_bytes += growth
+        self.non_torch_reserve_bytes = NON_TORCH_RESERVE_BYTES
         torch.cuda.set_per_process_memory_fraction(self.budget.torch_fraction, self.device)
         if int(torch.cuda.memory_reserved(self.device)) > torch_cap:
             self.free_cache(count=False)
         logger.info(
             "memory outside torch grew by %s (%s; %s since start-up): torch cap lowered to %s "
-            "so that the process stays within its cap of %s",
+            "(%s kept free for growth not yet seen) so that the process stays within its cap "
+            "of %s",
             format_bytes(growth),
             why,
             format_bytes(self.non_torch_growth_bytes),
             format_bytes(torch_cap),
+            format_bytes(NON_TORCH_RESERVE_BYTES),
             format_bytes(budget.cap_bytes),
         )
         return growth
@@ -459,6 +473,7 @@ class Partition:
             "peak_reserved_bytes": snap.peak_reserved_bytes,
             "non_torch_overhead_bytes": budget.overhead_bytes if budget else 0,
             "non_torch_growth_bytes": self.non_torch_growth_bytes,
+            "non_torch_reserve_bytes": self.non_torch_reserve_bytes,
             "nvjpeg_bytes": self.decoder_bytes,
             "overhead_source": self.overhead_source,
             "nvml_process_bytes": proc,

@@ -284,6 +284,7 @@ class NvmlSampler:
         self.samples = 0
         self.seen: Counter[int] = Counter()
         self.max_bytes: dict[int, int] = {}
+        self.max_at_s: dict[int, float] = {}  # when each max was read, since start
         self.other_pids: set[int] = set()
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -299,6 +300,7 @@ class NvmlSampler:
         return self
 
     def _run(self) -> None:
+        started = time.monotonic()
         while not self._stop.is_set():
             t0 = time.monotonic()
             try:
@@ -310,7 +312,9 @@ class NvmlSampler:
                 for pid, n in used.items():
                     if pid in self.pids:
                         self.seen[pid] += 1
-                        self.max_bytes[pid] = max(self.max_bytes.get(pid, 0), n)
+                        if n > self.max_bytes.get(pid, -1):
+                            self.max_bytes[pid] = n
+                            self.max_at_s[pid] = round(time.monotonic() - started, 2)
                     else:
                         self.other_pids.add(pid)
             self._stop.wait(max(0.0, self.period_s - (time.monotonic() - t0)))
@@ -621,12 +625,14 @@ def test_2_oversized_batches_stay_in_their_replica(
                 "nvml_process_bytes": big_report["nvml_process_bytes"],
                 "non_torch_overhead_bytes": big_report["non_torch_overhead_bytes"],
                 "non_torch_growth_bytes": big_report["non_torch_growth_bytes"],
+                "non_torch_reserve_bytes": big_report["non_torch_reserve_bytes"],
                 "cuda_graphs": big_report["cuda_graphs"],
                 "cuda_graphs_over_limit": big_report["cuda_graphs_over_limit"],
                 "cuda_graph_limit_bytes": big_report["cuda_graph_limit_bytes"],
                 "cuda_graph_pool_bytes": big_report["cuda_graph_pool_bytes"],
                 "nvml_samples": sampler.seen[big_pid],
                 "nvml_max_bytes": sampler.max_bytes.get(big_pid),
+                "nvml_max_at_s": sampler.max_at_s.get(big_pid),
             },
             "steady": {
                 "clients": STEADY_CLIENTS,

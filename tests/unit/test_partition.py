@@ -78,21 +78,30 @@ def _capped(monkeypatch: pytest.MonkeyPatch, reserved: list[int], proc: list[int
 def test_refit_lowers_the_torch_cap_by_the_growth_outside_torch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from serve_app.partition import NON_TORCH_RESERVE_BYTES as RESERVE
+
     reserved, proc = [2 * GIB], [2 * GIB + 600 * MIB]
     part = _capped(monkeypatch, reserved, proc)
     start = part.budget
-    assert part.refit("nothing grew") == 0 and part.fractions == []
+    # Nothing grew, but the first refit keeps the reserve free for growth not yet seen.
+    assert part.refit("first launch") == 0 and part.non_torch_reserve_bytes == RESERVE
+    assert part.budget.torch_cap_bytes == start.cap_bytes - 600 * MIB - RESERVE
+    assert part.budget.overhead_bytes == 600 * MIB and len(part.fractions) == 1
+    assert part.refit("nothing grew") == 0 and len(part.fractions) == 1
     proc[0] += 80 * MIB  # kernels loaded outside torch
     assert part.refit("kernels") == 80 * MIB
     after = part.budget
     assert after.overhead_bytes == 680 * MIB and after.cap_bytes == start.cap_bytes
-    assert after.torch_cap_bytes == start.cap_bytes - 680 * MIB
-    assert part.fractions == [after.torch_fraction] and part.non_torch_growth_bytes == 80 * MIB
+    assert after.torch_cap_bytes == start.cap_bytes - 680 * MIB - RESERVE
+    assert part.fractions[-1] == after.torch_fraction and part.non_torch_growth_bytes == 80 * MIB
+    # The torch cap, what is outside torch and the reserve make the cap, to the byte.
+    assert after.torch_cap_bytes + after.overhead_bytes + RESERVE == after.cap_bytes
     reserved[0] += GIB  # torch's own growth moves both figures: not outside torch
     proc[0] += GIB
-    assert part.refit("torch grew") == 0
+    assert part.refit("torch grew") == 0 and part.budget == after
     proc[0] = None  # no NVML reading: nothing changes
     assert part.refit("no reading") == 0 and part.budget == after
+    assert part.report()["non_torch_reserve_bytes"] == RESERVE
 
 
 def test_refit_does_nothing_without_a_torch_cap(monkeypatch: pytest.MonkeyPatch) -> None:
