@@ -561,6 +561,40 @@ def device_memory_for_visible(visible: str) -> GpuMemory | NvmlError:
     return NvmlError(NvmlErrorKind.NOT_FOUND, f"no single GPU matches {visible!r}")
 
 
+def count_visible(visible: str | None, uuids: list[str]) -> int:
+    """How many of the GPUs with these NVML UUIDs (in NVML's index order) CUDA gives a
+    process whose CUDA_VISIBLE_DEVICES is ``visible`` (None: unset, all of them). Each entry
+    is an index or a UUID (or its unique prefix); CUDA stops at the first entry that names no
+    GPU, and names each GPU once."""
+    if visible is None:
+        return len(uuids)
+    seen: set[int] = set()
+    for entry in (e.strip() for e in visible.split(",")):
+        if entry.isdigit():
+            index = int(entry)
+        else:
+            matches = [i for i, u in enumerate(uuids) if entry and u.startswith(entry)]
+            index = matches[0] if len(matches) == 1 else len(uuids)
+        if index >= len(uuids) or index in seen:
+            break
+        seen.add(index)
+    return len(seen)
+
+
+def visible_cuda_devices(visible: str | None, driver: NvmlSource | None = None) -> int | NvmlError:
+    """How many GPUs CUDA would give a process with CUDA_VISIBLE_DEVICES ``visible``, read from
+    the driver through NVML without importing torch or initialising CUDA (``count_visible``).
+    Always the driver's GPUs (``driver``, default the process's NvmlSource), never a scripted
+    source's: this decides whether there is a GPU at all."""
+    if driver is None:
+        source = get_source()
+        driver = source if isinstance(source, NvmlSource) else NvmlSource()
+    devices = driver.all_devices()
+    if isinstance(devices, NvmlError):
+        return devices
+    return count_visible(visible, [d.uuid for d in devices])
+
+
 def format_uuid(raw: object) -> str:
     """NVML's UUID string (``"GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"``) for a torch UUID.
 

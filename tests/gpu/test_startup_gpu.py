@@ -196,3 +196,30 @@ def test_calibration_cache_reuse_and_invalidation(
     assert len(fourth["cache_files"]) == 2, fourth["cache_files"]
     assert fifth["calibration_source"] == "cache", fifth
     assert fifth["max_batch_size"] == first["max_batch_size"], (first, fifth)
+
+
+def test_gpu_count_reads_nvml_without_torch() -> None:
+    """``serve-app run`` counts the GPUs before Ray starts; through NVML, in a fresh process,
+    without importing torch (1.9 to 2.5 s on the H200 host), and as many as torch then sees,
+    with and without CUDA_VISIBLE_DEVICES."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, json; from serve_app import launch; n = launch.gpu_count(); "
+        "had = 'torch' in sys.modules; import torch; "
+        "print(json.dumps([n, had, torch.cuda.device_count()]))"
+    )
+    for visible in (None, "0"):
+        env = dict(os.environ)
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        count, torch_imported, torch_count = json.loads(done.stdout.strip().splitlines()[-1])
+        log(f"CUDA_VISIBLE_DEVICES={visible}: NVML {count}, torch {torch_count}")
+        assert count == torch_count >= 1 and not torch_imported

@@ -251,3 +251,42 @@ def test_module_functions_use_the_set_source(tmp_path: Path) -> None:
         assert nvml.process_used_bytes(42, UUID0) == 80
     finally:
         nvml.set_source(None)
+
+
+@pytest.mark.parametrize(
+    ("visible", "expected"),
+    [
+        (None, 2),  # unset: every GPU
+        ("", 0),
+        ("0", 1),
+        ("1,0", 2),
+        ("0,5,1", 1),  # CUDA stops at the first entry that names no GPU
+        ("-1", 0),
+        ("0,0", 1),  # a GPU counts once
+        (UUID1, 1),
+        ("GPU-aaaa", 1),  # a unique prefix
+        ("GPU-", 0),  # a prefix both share names neither
+        ("MIG-nothing,0", 0),
+    ],
+)
+def test_count_visible_follows_cuda_visible_devices(visible: str | None, expected: int) -> None:
+    assert nvml.count_visible(visible, [UUID0, UUID1]) == expected
+
+
+def test_visible_cuda_devices_reads_the_driver_not_a_script(tmp_path: Path) -> None:
+    driver = source_for(fake_pynvml())
+    assert nvml.visible_cuda_devices(None, driver) == 2
+    assert nvml.visible_cuda_devices("1", driver) == 1
+    missing = source_for(types.SimpleNamespace())  # no nvmlInit: as good as no driver
+    assert isinstance(nvml.visible_cuda_devices(None, missing), NvmlError)
+    # A scripted source (logical GPUs on a CPU machine) is not the driver: without one (this
+    # machine has no NVIDIA driver in CI) the count is an error, not the script's GPUs.
+    nvml.set_source(ScriptedSource(write_script(tmp_path / "nvml.json", SCRIPT)))
+    try:
+        got = nvml.visible_cuda_devices(None)
+    finally:
+        nvml.set_source(None)
+    if isinstance(got, int):  # a machine with a driver: its own GPUs, whatever the script says
+        assert got == nvml.count_visible(None, [d.uuid for d in NvmlSource().all_devices()])  # type: ignore[union-attr]
+    else:
+        assert isinstance(got, NvmlError)
