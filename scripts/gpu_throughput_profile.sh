@@ -7,6 +7,8 @@
 # lands in /tmp/site/bin) and .whl, .tools, .prof carried:
 #   OUT=$OUT bash scripts/gpu_throughput_profile.sh --models minilm --replicas 8 \
 #     --inputs-per-request 1 --connections 256 --phases serve --gpu 0 --max-time-s 170
+# PROFILE_DELAY_S (default 1): seconds into the load before sampling; past the first run's
+# (8 s) for the steady state. Run from another checkout's root (an A/B), it loads that one.
 # Results: $OUT/prof (cpu_top.txt, replica_threads.txt, replica_all.raw, dump.txt) and the
 # throughput run under $OUT/tp.
 set -u
@@ -16,7 +18,7 @@ OUT="$OUT/tp" bash scripts/gpu_throughput.sh "$@" > "$P/throughput.out" 2>&1 &
 driver=$!
 log="$OUT/tp/throughput/serve_worker.log"
 for _ in $(seq 600); do grep -q "x1-float" "$log" 2>/dev/null && break; sleep 0.2; done
-sleep 1
+sleep "${PROFILE_DELAY_S:-1}"  # after the load starts: 1 s sees start-up's deferred work
 pid=$(pgrep -f "ServeReplica:.*:model" | head -1)
 snap() {  # pid ticks command, for every process; then the replica's threads
   for d in /proc/[0-9]*; do
