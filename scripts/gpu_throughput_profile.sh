@@ -17,7 +17,15 @@ OUT="${OUT:-/tmp/gpu-out}"; P="$OUT/prof"; mkdir -p "$P"
 OUT="$OUT/tp" bash scripts/gpu_throughput.sh "$@" > "$P/throughput.out" 2>&1 &
 driver=$!
 log="$OUT/tp/throughput/serve_worker.log"
-for _ in $(seq 600); do grep -q "x1-float" "$log" 2>/dev/null && break; sleep 0.2; done
+for _ in $(seq 600); do
+  grep -q "x1-float" "$log" 2>/dev/null && break
+  if ! kill -0 "$driver" 2>/dev/null; then  # the run ended without loading: nothing to sample
+    echo "the throughput run ended before any load (skipped for time? see $P/throughput.out)"
+    grep -E "plan:|skipped" "$OUT/tp/throughput/run.log" 2>/dev/null
+    exit 2
+  fi
+  sleep 0.2
+done
 sleep "${PROFILE_DELAY_S:-1}"  # after the load starts: 1 s sees start-up's deferred work
 pid=$(pgrep -f "ServeReplica:.*:model" | head -1)
 snap() {  # pid ticks command, for every process; then the replica's threads
