@@ -1,9 +1,12 @@
 """serve_app's BERT encoder (serve_app/adapters/bert.py) against transformers' BertModel, the
 model the embeddings adapter ran before: the same MiniLM weights (random, as on the GPU host),
 the same dtype, the same padded batches; items/s per batch size and token length, eager, with
-the pooling the adapter adds, and the largest difference between their hidden states.
+the pooling the adapter adds, and the largest difference between their hidden states. With
+``--graphs`` (CUDA only), each forward is also captured as a CUDA graph and replayed back to
+back, as a serving replica replays it: items/s bound by the GPU's time per replay, which is what
+replicas that share a GPU by time-slicing compete for.
 
-    python -m load_tests.encoder_ab --device cuda --out encoder_ab.json
+    python -m load_tests.encoder_ab --device cuda --out encoder_ab.json [--graphs]
 """
 
 from __future__ import annotations
@@ -24,12 +27,30 @@ BATCHES = (1, 8, 32, 128, 512, 1024)
 TOKENS = (16, 128)
 
 
+def graphed(fn: Any) -> Any:
+    """``fn`` (static inputs bound) captured as a CUDA graph after two runs on a side stream;
+    its replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m load_tests.encoder_ab")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--min-s", type=float, default=0.5, help="timing per point")
+    p.add_argument("--graphs", action="store_true", help="also time CUDA graph replays (CUDA)")
     a = p.parse_args()
+    if a.graphs and a.device != "cuda":
+        p.error("--graphs needs --device cuda: CUDA graphs run on a GPU only")
     from transformers import AutoConfig, AutoModel
 
     device = torch.device(a.device)
@@ -81,6 +102,14 @@ def main() -> int:
                 "ours_over_transformers": round(t_theirs / t_ours, 4),
                 "max_abs_diff_hidden": max_diff,
             }
+            if a.graphs:
+                g_ours = min(_time_it(graphed(run_ours), sync, a.min_s) for _ in range(2))
+                g_theirs = min(_time_it(graphed(run_theirs), sync, a.min_s) for _ in range(2))
+                row.update(
+                    ours_graph_items_per_s=round(b / g_ours, 1),
+                    transformers_graph_items_per_s=round(b / g_theirs, 1),
+                    graph_ours_over_transformers=round(g_theirs / g_ours, 4),
+                )
             rows.append(row)
             print(json.dumps(row), flush=True)
     import transformers
@@ -90,6 +119,7 @@ def main() -> int:
         "dtype": str(dtype),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "graphs": a.graphs,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "rows": rows,
     }

@@ -18,7 +18,7 @@ nvidia-smi -L
 bash scripts/compile_bytecode.sh
 if [ "${PROBES:-1}" = 1 ]; then
   timeout 90 python3 -m load_tests.import_probe --out "$OUT/import_probe.json" --concurrent 1,16
-  timeout 120 python3 -m load_tests.encoder_ab --device cuda --out "$OUT/encoder_ab.json" \
+  timeout 180 python3 -m load_tests.encoder_ab --device cuda --graphs --out "$OUT/encoder_ab.json" \
     > "$OUT/encoder_ab.log" 2>&1; echo "encoder A/B exit $?" >> "$OUT/encoder_ab.log"
 fi
 export CUDA_VISIBLE_DEVICES=0 SERVE_APP_RESULTS_DIR="$RES"
@@ -44,6 +44,6 @@ grep -E "^(decision_to|cold_ready|replacement_s|graph_pool|phases|budget|note|wr
 tail -3 "$OUT/startup.log"
 [ -f "$OUT/encoder_ab.json" ] && python3 -c "
 import json; rows = json.load(open('$OUT/encoder_ab.json'))['rows']
-for r in rows: print('encoder A/B', r['tokens'], 'tokens batch', r['batch'], 'ours/transformers', r['ours_over_transformers'], 'max diff', r['max_abs_diff_hidden'])
+for r in rows: print('encoder A/B', r['tokens'], 'tokens batch', r['batch'], 'ours/transformers', r['ours_over_transformers'], 'graphs', r.get('graph_ours_over_transformers'), 'max diff', r['max_abs_diff_hidden'])
 " 2>&1 | tail -12
 tar -czf "$OUT/tests.tgz" -C "$RES" .
