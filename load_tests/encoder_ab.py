@@ -2,9 +2,9 @@
 model the embeddings adapter ran before: the same MiniLM weights (random, as on the GPU host),
 the same dtype, the same padded batches; items/s per batch size and token length, eager, with
 the pooling the adapter adds, and the largest difference between their hidden states. With
-``--graphs`` (CUDA only), each forward is also captured as a CUDA graph and replayed back to
-back, as a serving replica replays it: items/s bound by the GPU's time per replay, which is what
-replicas that share a GPU by time-slicing compete for.
+``--graphs`` (CUDA only), each forward is also captured by serve_app's GraphSet and replayed
+back to back, as a serving replica replays it: items/s bound by the GPU's time per replay,
+which is what replicas that share a GPU by time-slicing compete for.
 
     python -m load_tests.encoder_ab --device cuda --out encoder_ab.json [--graphs]
 """
@@ -22,24 +22,20 @@ import torch
 from load_tests.side_by_side.baselines import _time_it
 from serve_app.adapters import bert
 from serve_app.adapters.embeddings import SKELETON_DIR
+from serve_app.graphs import GraphSet
 
 BATCHES = (1, 8, 32, 128, 512, 1024)
 TOKENS = (16, 128)
 
 
-def graphed(fn: Any) -> Any:
-    """``fn`` (static inputs bound) captured as a CUDA graph after two runs on a side stream;
-    its replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
+def graphed(forward: Any, ids: torch.Tensor, mask: torch.Tensor) -> Any:
+    """``forward(ids, mask) -> (pooled,)`` captured by serve_app's own GraphSet, as a replica
+    captures it; a call that replays it as a replica does (the inputs copied in, the graph
+    replayed)."""
+    graphs = GraphSet(forward, ids.device)
+    key = tuple(ids.shape)
+    graphs.capture(key, (ids, mask))
+    return lambda: graphs.run(key, (ids, mask))
 
 
 def main() -> int:
@@ -103,8 +99,12 @@ def main() -> int:
                 "max_abs_diff_hidden": max_diff,
             }
             if a.graphs:
-                g_ours = min(_time_it(graphed(run_ours), sync, a.min_s) for _ in range(2))
-                g_theirs = min(_time_it(graphed(run_theirs), sync, a.min_s) for _ in range(2))
+                replay_ours = graphed(lambda i, m: (pooled(ours(i, m), m),), ids, mask)
+                replay_theirs = graphed(
+                    lambda i, m: (pooled(theirs(input_ids=i, attention_mask=m)[0], m),), ids, mask
+                )
+                g_ours = min(_time_it(replay_ours, sync, a.min_s) for _ in range(2))
+                g_theirs = min(_time_it(replay_theirs, sync, a.min_s) for _ in range(2))
                 row.update(
                     ours_graph_items_per_s=round(b / g_ours, 1),
                     transformers_graph_items_per_s=round(b / g_theirs, 1),
