@@ -80,3 +80,31 @@ def test_graphs_are_off_when_the_cap_leaves_little_room(monkeypatch, caplog) -> 
         assert startup.capture_graphs(adapter, None, 64, 1.0) == {}  # type: ignore[arg-type]
     assert captured == []
     assert "CUDA graphs: off for 'tight'" in caplog.text and "memory.memory_fraction" in caplog.text
+
+
+def test_the_first_launch_counts_against_the_capture_budget(monkeypatch) -> None:
+    """On a GPU, the first launch (which loads the kernels the first capture used to) comes
+    out of cuda_graph_startup_budget_s; a launch longer than the budget leaves capture none.
+    Fakes for the partition and the GPU work: the wiring of the pipeline, not CUDA."""
+    from types import SimpleNamespace
+
+    budgets: list[float | None] = []
+    launch_s = [0.4]
+    part = SimpleNamespace(on_gpu=True, refit=lambda why: 0)
+    monkeypatch.setattr(startup.Partition, "start", lambda args, num_gpus: part)
+    monkeypatch.setattr(startup, "load_weights", lambda adapter, partition: None)
+    monkeypatch.setattr(startup, "first_launch", lambda adapter, partition: launch_s[0])
+    monkeypatch.setattr(
+        startup,
+        "capture_graphs",
+        lambda adapter, partition, max_batch_size, budget_s: budgets.append(budget_s),
+    )
+    monkeypatch.setattr(
+        startup, "initial_batch_cap", lambda args, adapter, partition: (8, None, None, None)
+    )
+    monkeypatch.setattr(startup, "warm_up", lambda *a: None)
+    args = parse_args({"cuda_graph_startup_budget_s": 1.0})
+    startup.start_replica(args, 0.25)
+    launch_s[0] = 1.5
+    startup.start_replica(args, 0.25)
+    assert budgets == [pytest.approx(0.6), 0.0]
