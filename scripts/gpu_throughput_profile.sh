@@ -9,7 +9,9 @@
 #     --inputs-per-request 1 --connections 256 --phases serve --gpu 0 --max-time-s 170
 # PROFILE_DELAY_S (default 1): seconds into the load before sampling; past the first run's
 # (8 s) for the steady state. Run from another checkout's root (an A/B), it loads that one.
-# Results: $OUT/prof (cpu_top.txt, replica_threads.txt, replica_all.raw, dump.txt) and the
+# Results: $OUT/prof (cpu_top.txt, replica_threads.txt, replica_all.raw, dump.txt, cpu_busy.txt
+# (each CPU's busy share), gpu_util.csv (nvidia-smi every 200 ms), haproxy_procs.txt,
+# haproxy.cfg, haproxy_manager.raw: py-spy of Ray's HAProxyManager) and the
 # throughput run under $OUT/tp.
 set -u
 export PATH="/tmp/site/bin:$PATH"
@@ -38,9 +40,24 @@ snap() {  # pid ticks command, for every process; then the replica's threads
     echo "${t##*/} $(echo "$s" | awk '{print $14+$15}') $(cat "$t/comm" 2>/dev/null)"
   done > "$1.task"
 }
-snap "$P/t0"; sleep 5; snap "$P/t1"
+gpu_util() {  # the GPU's utilisation and SM clock, every 200 ms, for the 5 s window
+  timeout 5 nvidia-smi --query-gpu=timestamp,utilization.gpu,clocks.sm,power.draw \
+    --format=csv,noheader -lms 200 > "$P/gpu_util.csv" 2>&1
+}
+gpu_util & gpid=$!
+cp /proc/stat "$P/t0.stat"; snap "$P/t0"; sleep 5; snap "$P/t1"; cp /proc/stat "$P/t1.stat"
+wait "$gpid" 2>/dev/null
+ps -o pid,etimes,pcpu,args -C haproxy > "$P/haproxy_procs.txt" 2>&1  # etimes: a reload is young
+cfg=$(pgrep -af "haproxy -db -f" | grep -o -- "-f [^ ]*" | head -1 | cut -d" " -f2)
+[ -n "$cfg" ] && cp "$cfg" "$P/haproxy.cfg" 2>/dev/null
+mgr=$(pgrep -f "ray::HAProxyManager" | head -1); mpid=""
+if [ -n "$mgr" ]; then  # Ray's manager of HAProxy: what it does while the load runs
+  py-spy record -p "$mgr" -d 5 -r 100 -f raw -o "$P/haproxy_manager.raw" --threads \
+    --nonblocking > "$P/pyspy_manager.log" 2>&1 & mpid=$!
+fi
 py-spy record -p "$pid" -d 5 -r 100 -f raw -o "$P/replica_all.raw" --threads --nonblocking \
   > "$P/pyspy.log" 2>&1
+[ -n "$mpid" ] && wait "$mpid"
 py-spy dump -p "$pid" > "$P/dump.txt" 2>&1
 python3 - "$P" <<'PY'
 import sys
@@ -53,6 +70,19 @@ def read(path):
         if len(parts) >= 2 and parts[1].isdigit():
             out[parts[0]] = (int(parts[1]), parts[2] if len(parts) > 2 else "")
     return out
+def cpu_busy(path):  # /proc/stat: cpuN -> (busy ticks, all ticks)
+    out = {}
+    for line in path.read_text().splitlines():
+        f = line.split()
+        if f and f[0].startswith("cpu") and f[0] != "cpu":
+            v = [int(x) for x in f[1:]]
+            out[f[0]] = (sum(v) - v[3] - v[4], sum(v))
+    return out
+a, b = cpu_busy(p / "t0.stat"), cpu_busy(p / "t1.stat")
+busy = {c: 100.0 * (b[c][0] - a[c][0]) / max(1, b[c][1] - a[c][1]) for c in b if c in a}
+line = " ".join(f"{c[3:]}:{v:.0f}" for c, v in sorted(busy.items(), key=lambda kv: int(kv[0][3:])))
+(p / "cpu_busy.txt").write_text("per-CPU busy % over the 5 s window: " + line + "\n")
+print("per-CPU busy %:", line)
 for kind, name in (("proc", "cpu_top.txt"), ("task", "replica_threads.txt")):
     a, b = read(p / f"t0.{kind}"), read(p / f"t1.{kind}")
     rows = sorted(((b[k][0] - a[k][0]) / 5.0, k, b[k][1]) for k in b if k in a)[::-1]
