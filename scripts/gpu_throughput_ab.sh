@@ -2,9 +2,9 @@
 # A steady-state throughput A/B on one GPU host: this checkout ("head") against another
 # checkout's root ("base", e.g. `git archive 97e0303` unpacked in .ab_base, whose own
 # load_tests and scripts run it), in the order head, base, base, head (ABBA: a drift over the
-# call weighs on both sides alike), each run profiled by scripts/gpu_throughput_profile.sh with
-# the same arguments. A run starts only while RUN_S seconds (default 125) are left of CALL_S
-# (default 560, counted from T0, default now).
+# call weighs on both sides alike; ORDER sets another, e.g. "head base"), each run profiled by
+# scripts/gpu_throughput_profile.sh with the same arguments. A run starts only while RUN_S
+# seconds (default 125) are left of CALL_S (default 560, counted from T0, default now).
 # Usage, after the GPU host README's install line with .prof/py_spy-*.whl added to it and .whl,
 # .tools, .prof and the base checkout carried:
 #   BASE=.ab_base OUT=$OUT bash scripts/gpu_throughput_ab.sh --models minilm --replicas 8 \
@@ -18,7 +18,7 @@ OUT="${OUT:-/tmp/gpu-out}/ab"; mkdir -p "$OUT"
 CALL_S=${CALL_S:-560}; RUN_S=${RUN_S:-125}; T0=${T0:-$(date +%s)}
 export PROFILE_DELAY_S=${PROFILE_DELAY_S:-12}
 n=0
-for side in head base base head; do
+for side in ${ORDER:-head base base head}; do
   left=$((CALL_S - ($(date +%s) - T0)))
   if [ "$left" -lt "$RUN_S" ]; then
     echo "stopped before run $((n + 1)) ($side): ${left} s left, a run takes about ${RUN_S} s" \

@@ -30,15 +30,18 @@ for _ in $(seq 600); do
 done
 sleep "${PROFILE_DELAY_S:-1}"  # after the load starts: 1 s sees start-up's deferred work
 pid=$(pgrep -f "ServeReplica:.*:model" | head -1)
-snap() {  # pid ticks command, for every process; then the replica's threads
-  for d in /proc/[0-9]*; do
-    s=$(cat "$d/stat" 2>/dev/null) || continue
-    echo "${d#/proc/} $(echo "$s" | awk '{print $14+$15}') $(tr '\0' ' ' < "$d/cmdline" 2>/dev/null | cut -c1-110)"
-  done > "$1.proc"
-  for t in /proc/"$pid"/task/*; do
-    s=$(cat "$t/stat" 2>/dev/null) || continue
-    echo "${t##*/} $(echo "$s" | awk '{print $14+$15}') $(cat "$t/comm" 2>/dev/null)"
-  done > "$1.task"
+snap() {  # $1.task: the replica's threads, then $1.proc: every process, as "id ticks name",
+  # each file headed by "T <epoch s>" (when its walk began: the rates divide by the real gap)
+  { echo "T $(date +%s.%N)"
+    for t in /proc/"$pid"/task/*; do
+      s=$(cat "$t/stat" 2>/dev/null) || continue
+      echo "${t##*/} $(echo "$s" | awk '{print $14+$15}') $(cat "$t/comm" 2>/dev/null)"
+    done; } > "$1.task"
+  { echo "T $(date +%s.%N)"
+    for d in /proc/[0-9]*; do
+      s=$(cat "$d/stat" 2>/dev/null) || continue
+      echo "${d#/proc/} $(echo "$s" | awk '{print $14+$15}') $(tr '\0' ' ' < "$d/cmdline" 2>/dev/null | cut -c1-110)"
+    done; } > "$1.proc"
 }
 gpu_util() {  # the GPU's utilisation and SM clock, every 200 ms, for the 5 s window
   timeout 5 nvidia-smi --query-gpu=timestamp,utilization.gpu,clocks.sm,power.draw \
@@ -55,21 +58,30 @@ if [ -n "$mgr" ]; then  # Ray's manager of HAProxy: what it does while the load 
   py-spy record -p "$mgr" -d 5 -r 100 -f raw -o "$P/haproxy_manager.raw" --threads \
     --nonblocking > "$P/pyspy_manager.log" 2>&1 & mpid=$!
 fi
-py-spy record -p "$pid" -d 5 -r 100 -f raw -o "$P/replica_all.raw" --threads --nonblocking \
-  > "$P/pyspy.log" 2>&1
+# PYSPY_FLAGS (default --nonblocking): py-spy record's mode for the replica, e.g. --native
+# (which py-spy takes only in blocking mode); PYSPY_FLAGS2: a second 5 s record with these
+# flags, into replica_all2.raw (e.g. "--nonblocking --gil").
+py-spy record -p "$pid" -d 5 -r 100 -f raw -o "$P/replica_all.raw" --threads \
+  ${PYSPY_FLAGS:---nonblocking} > "$P/pyspy.log" 2>&1
+if [ -n "${PYSPY_FLAGS2:-}" ]; then
+  py-spy record -p "$pid" -d 5 -r 100 -f raw -o "$P/replica_all2.raw" --threads \
+    $PYSPY_FLAGS2 > "$P/pyspy2.log" 2>&1
+fi
 [ -n "$mpid" ] && wait "$mpid"
 py-spy dump -p "$pid" > "$P/dump.txt" 2>&1
 python3 - "$P" <<'PY'
 import sys
 from pathlib import Path
 p = Path(sys.argv[1])
-def read(path):
-    out = {}
-    for line in path.read_text().splitlines():
+def read(path):  # (when the walk began, {id: (ticks, name)})
+    out, t = {}, 0.0
+    for line in path.read_text(errors="replace").splitlines():
         parts = line.split(" ", 2)
-        if len(parts) >= 2 and parts[1].isdigit():
+        if parts[0] == "T":
+            t = float(parts[1])
+        elif len(parts) >= 2 and parts[1].isdigit():
             out[parts[0]] = (int(parts[1]), parts[2] if len(parts) > 2 else "")
-    return out
+    return t, out
 def cpu_busy(path):  # /proc/stat: cpuN -> (busy ticks, all ticks)
     out = {}
     for line in path.read_text().splitlines():
@@ -84,10 +96,11 @@ line = " ".join(f"{c[3:]}:{v:.0f}" for c, v in sorted(busy.items(), key=lambda k
 (p / "cpu_busy.txt").write_text("per-CPU busy % over the 5 s window: " + line + "\n")
 print("per-CPU busy %:", line)
 for kind, name in (("proc", "cpu_top.txt"), ("task", "replica_threads.txt")):
-    a, b = read(p / f"t0.{kind}"), read(p / f"t1.{kind}")
-    rows = sorted(((b[k][0] - a[k][0]) / 5.0, k, b[k][1]) for k in b if k in a)[::-1]
+    (ta, a), (tb, b) = read(p / f"t0.{kind}"), read(p / f"t1.{kind}")
+    gap_s = tb - ta if tb > ta else 5.0  # ticks are 1/100 s: ticks / gap_s is % of a core
+    rows = sorted(((b[k][0] - a[k][0]) / gap_s, k, b[k][1]) for k in b if k in a)[::-1]
     total = sum(r[0] for r in rows)
-    lines = [f"total {total:.0f}% of a core over 5 s ({kind})"]
+    lines = [f"total {total:.0f}% of a core over {gap_s:.2f} s ({kind})"]
     lines += [f"{pct:6.1f}% {k} {cmd}" for pct, k, cmd in rows[:30] if pct > 0]
     (p / name).write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:16]))
