@@ -22,8 +22,19 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from serve_app.errors import ConfigError
+
+# The attention kernels the encoders may use: any of SDPA's but cuDNN's. For a masked fp16
+# batch on the H200 (torch 2.11), SDPA picked cuDNN attention, which compiles a kernel with NVRTC
+# the first time it meets each new shape, for tens of milliseconds: a loaded MiniLM replica
+# spent two thirds of its model thread in nvrtcCompileProgram, capturing the CUDA graphs that
+# start-up had left for later, 20 s into the load (py-spy --native,
+# docs/results/profile/throughput_x1_r8_h200_e0b0349). The memory-efficient kernel takes the
+# same mask, precompiled. sdpa_kernel sets process-wide flags for the ``with`` block; a replica
+# runs its forward passes on one thread.
+ATTENTION_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
 # config.json's hidden_act -> the function (transformers' ACT2FN names): "gelu" is the exact
 # (erf) GELU; gelu_new and gelu_pytorch_tanh are the tanh approximation.
@@ -186,8 +197,9 @@ class BertEncoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         keep = attention_mask.bool()[:, None, None, :]
         x = self.embeddings(input_ids)
-        for layer in self.encoder.layer:
-            x = layer(x, keep)
+        with sdpa_kernel(ATTENTION_BACKENDS):
+            for layer in self.encoder.layer:
+                x = layer(x, keep)
         return x
 
     def init_random(self) -> None:

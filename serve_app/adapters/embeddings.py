@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 from tokenizers import Tokenizer
+from torch.nn.attention import sdpa_kernel
 
 from serve_app.adapters import bert
 from serve_app.adapters.base import Decoded, load_state_dict, pow2_sizes, resolve_dtype
@@ -71,7 +72,8 @@ class HFEncoder(torch.nn.Module):
         self.inner = inner
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return self.inner(input_ids=ids, attention_mask=mask).last_hidden_state
+        with sdpa_kernel(bert.ATTENTION_BACKENDS):  # no cuDNN attention: see bert.py
+            return self.inner(input_ids=ids, attention_mask=mask).last_hidden_state
 
 
 class EmbeddingAdapter:

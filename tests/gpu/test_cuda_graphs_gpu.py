@@ -297,3 +297,53 @@ def test_capture_within_the_startup_budget_then_the_rest_while_serving(
         for g, e in zip(graphed, _eager(adapter, items), strict=True):
             cosine = float(np.dot(g, e) / (np.linalg.norm(g) * np.linalg.norm(e)))
             assert cosine > 0.999, (n, longest, cosine)
+
+
+def _kernels_and_first_call_s(forward: Any, ids: torch.Tensor, mask: torch.Tensor) -> Any:
+    """The CUDA kernels one forward pass launches (names, from torch.profiler) and the seconds
+    of that first pass on this shape."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(DEVICE)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof, torch.inference_mode():
+        t0 = time.perf_counter()
+        forward(ids, mask)
+        torch.cuda.synchronize(DEVICE)
+        first_s = time.perf_counter() - t0
+    names = sorted({e.name for e in prof.events() if e.device_type.name == "CUDA"})
+    return names, first_s
+
+
+def test_minilm_attention_launches_no_cudnn_kernel(results_dir: Path) -> None:
+    """serve_app's BERT encoder keeps SDPA off cuDNN attention (bert.ATTENTION_BACKENDS), which
+    compiles a kernel with NVRTC for each new shape: a masked fp16 batch of a shape this
+    process has not run launches no cuDNN kernel. The same batch through plain SDPA (cuDNN
+    allowed) is recorded beside it, with each first pass's seconds, in
+    ``attention_kernels.json``."""
+    from torch.nn import functional as F
+
+    adapter = EmbeddingAdapter(
+        parse_args({"adapter": "embeddings", "load_format": "dummy", "dtype": "float16"})
+    )
+    adapter.setup(DEVICE)
+    rows = {}
+    for label, width in (("serve_app", 40), ("sdpa_default", 56)):
+        ids = torch.randint(1000, 5000, (3, width), device=DEVICE)
+        mask = torch.ones_like(ids)
+        mask[1:, width // 2 :] = 0  # padding: the attention runs with a mask
+        ids = ids * mask
+        if label == "serve_app":
+            forward = adapter.model
+        else:  # the same layers with SDPA's own choice of kernel (cuDNN allowed)
+            q = torch.randn(3, 12, width, 32, device=DEVICE, dtype=torch.float16)
+            keep = mask.bool()[:, None, None, :]
+
+            def forward(_i: Any, _m: Any, q: torch.Tensor = q, keep: Any = keep) -> Any:
+                return F.scaled_dot_product_attention(q, q, q, attn_mask=keep)
+
+        names, first_s = _kernels_and_first_call_s(forward, ids, mask)
+        rows[label] = {"width": width, "first_pass_s": round(first_s, 4), "kernels": names}
+    (results_dir / "attention_kernels.json").write_text(json.dumps(rows, indent=2) + "\n")
+    ours = rows["serve_app"]["kernels"]
+    assert ours, "the profiler saw no CUDA kernel"
+    assert not [n for n in ours if "cudnn" in n.lower()], ours

@@ -165,3 +165,36 @@ def test_model_dir_without_weights_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         adapter.setup(torch.device("cpu"))
     assert "args.model_path" in info.value.message and "model.safetensors" in info.value.message
+
+
+@pytest.mark.parametrize("which", ["serve_app", "transformers"])
+def test_encoders_run_attention_without_cudnn(which: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cuDNN attention compiles a kernel the first time it meets each new shape (tens of ms on
+    the H200, bert.ATTENTION_BACKENDS): both encoders call SDPA with it switched off, and leave
+    the process-wide flag as they found it."""
+    from transformers import AutoModel
+
+    from serve_app.adapters.embeddings import HFEncoder
+
+    real = torch.nn.functional.scaled_dot_product_attention
+    cudnn_on_at_call: list[bool] = []
+
+    def spy(*args: Any, **kwargs: Any) -> torch.Tensor:
+        cudnn_on_at_call.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    model: torch.nn.Module = (
+        packaged_encoder()
+        if which == "serve_app"
+        else HFEncoder(AutoModel.from_pretrained(str(model_dir()), attn_implementation="sdpa"))
+    )
+    ids = torch.tensor([[101, 7592, 2088, 102], [101, 7592, 102, 0]])
+    mask = (ids != 0).long()
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with torch.inference_mode():
+        hidden = model(ids, mask)
+    assert hidden.shape == (2, 4, 384)
+    assert cudnn_on_at_call, "SDPA was not called: the spy no longer sees the attention"
+    assert not any(cudnn_on_at_call)
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
