@@ -21,7 +21,14 @@ import torch
 from serve_app import calibcache
 from serve_app.config import AppArgs
 from serve_app.errors import StartupError
-from serve_app.graphs import GraphMemoryLimit, graph_batch_limit, steps_within
+from serve_app.graphs import (
+    GRAPH_MIN_ROOM_BYTES,
+    GRAPH_POOL_ROOM_SHARE,
+    GraphCaptureError,
+    GraphMemoryLimit,
+    graph_batch_limit,
+    steps_within,
+)
 from serve_app.memory import format_bytes
 from serve_app.partition import Partition
 
@@ -387,8 +394,6 @@ def capture_graphs(
         StartupError: capture failed for another reason than memory; the message names the
             model and the way out (shapes that run out of memory are skipped, with a warning).
     """
-    from serve_app.graphs import GRAPH_MIN_ROOM_BYTES, GRAPH_POOL_ROOM_SHARE, GraphCaptureError
-
     room = graph_room_bytes(partition)
     if room is not None and room < GRAPH_MIN_ROOM_BYTES:
         logger.warning(
@@ -401,7 +406,7 @@ def capture_graphs(
             format_bytes(GRAPH_MIN_ROOM_BYTES),
         )
         return {}
-    limit = graph_memory_limit(partition)
+    limit = graph_memory_limit(partition, room)
     try:
         graphs = adapter.capture_graphs(max_batch_size, budget_s, limit)
     except GraphCaptureError as exc:
@@ -450,13 +455,10 @@ def graph_room_bytes(partition: Partition) -> int | None:
     return max(0, budget.torch_cap_bytes - int(torch.cuda.memory_allocated(partition.device)))
 
 
-def graph_memory_limit(partition: Partition) -> GraphMemoryLimit | None:
-    """What a replica's CUDA graphs may cost: GRAPH_POOL_ROOM_SHARE of ``graph_room_bytes``,
-    counting what capture adds outside torch through the partition's reading; None without a
-    budget."""
-    from serve_app.graphs import GRAPH_POOL_ROOM_SHARE
-
-    room = graph_room_bytes(partition)
+def graph_memory_limit(partition: Partition, room: int | None) -> GraphMemoryLimit | None:
+    """What a replica's CUDA graphs may cost: GRAPH_POOL_ROOM_SHARE of ``room`` (its
+    ``graph_room_bytes``), counting what capture adds outside torch through the partition's
+    reading; None without a budget (``room`` None)."""
     if room is None:
         return None
     return GraphMemoryLimit(

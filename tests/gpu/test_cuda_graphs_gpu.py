@@ -166,13 +166,13 @@ import json, torch
 from serve_app.adapters.embeddings import EmbeddingAdapter
 from serve_app.config import parse_args
 from serve_app.partition import NON_TORCH_RESERVE_BYTES, Partition
-from serve_app.startup import graph_memory_limit
+from serve_app.startup import graph_memory_limit, graph_room_bytes
 args = parse_args({"adapter": "embeddings", "load_format": "dummy", "dtype": "float16"})
 partition = Partition.start(args, 0.25)
 before = partition.budget
 adapter = EmbeddingAdapter(args)
 adapter.setup(partition.device)
-limit = graph_memory_limit(partition)
+limit = graph_memory_limit(partition, graph_room_bytes(partition))
 graphs = adapter.capture_graphs(64, None, limit)
 growth = partition.refit("test")
 after = partition.budget
