@@ -8,7 +8,7 @@ Two models, as the replica runs them:
   max-length inputs through ``adapter.predict`` (token padding and the copy back included).
 
 After every batch the policy runs as ``Partition.after_batch`` does: ``always`` empties the cache,
-``never`` keeps it, ``threshold`` asks ``serve_app.memory.should_free_cache`` with the default
+``never`` keeps it, ``threshold`` asks ``serve_app.gpu.budget.should_free_cache`` with the default
 ``cache_threshold_fraction`` and the budget of a ``num_gpus: 0.25`` replica. ``threshold_1pct``
 (1% of that budget) is shown as well, since the default rarely fires for these models. Policies run
 in interleaved rounds so that clock and thermal drift fall on all of them alike. A batch's time
@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
-from serve_app.config import MemoryArgs, parse_args
-from serve_app.memory import should_free_cache
+from serve_app.config.args import MemoryArgs, parse_args
+from serve_app.gpu.budget import should_free_cache
 
 BATCH = 64
 NUM_GPUS = 0.25
@@ -53,9 +53,9 @@ def resnet50(device: torch.device) -> tuple[torch.nn.Module, str]:
 
         model, source = torchvision.models.resnet50(weights=None), "torchvision"
     except Exception:  # noqa: BLE001 - a missing or broken torchvision: use ours
-        from serve_app.adapters.resnet import build_resnet
+        from serve_app.adapters.image.resnet import build_resnet
 
-        model, source = build_resnet("resnet50"), "serve_app.adapters.resnet"
+        model, source = build_resnet("resnet50"), "serve_app.adapters.image.resnet"
     model = model.to(device=device, dtype=torch.float16).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     return model.eval(), source
 
@@ -74,7 +74,7 @@ def resnet_step(device: torch.device) -> tuple[Callable[[], None], dict[str, Any
 
 
 def minilm_step(device: torch.device) -> tuple[Callable[[], None], dict[str, Any]]:
-    from serve_app.adapters.embeddings import EmbeddingAdapter
+    from serve_app.adapters.embeddings.adapter import EmbeddingAdapter
 
     args = parse_args({"adapter": "embeddings", "load_format": "dummy", "dtype": "float16"})
     adapter = EmbeddingAdapter(args)

@@ -20,9 +20,8 @@ from typing import Any
 import torch
 
 from load_tests.side_by_side.baselines import _time_it
-from serve_app.adapters import bert
-from serve_app.adapters.embeddings import SKELETON_DIR
-from serve_app.graphs import GraphSet
+from serve_app.adapters.embeddings.adapter import SKELETON_DIR, bert
+from serve_app.gpu.graphs import GraphSet
 
 BATCHES = (1, 8, 32, 128, 512, 1024)
 TOKENS = (16, 128)

@@ -3,7 +3,7 @@
     python -m load_tests.faults --out faults.json          # ~2 minutes on 2 cores
 
 It starts its own Ray and Serve on 127.0.0.1 (as `serve-app run` does: HAProxy ingress, the
-retry settings of serve_app.launch), deploys two CPU MiniLM replicas, and runs:
+retry settings of serve_app.ops.launch), deploys two CPU MiniLM replicas, and runs:
 
 - ``sigkill``: one replica gets SIGKILL under load (8 clients);
 - ``sigstop``: one replica is frozen (SIGSTOP) for ``--stop-s`` seconds under load, then SIGCONT;
@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from serve_app.monitor import pid_alive
+from serve_app.control.monitor import pid_alive
 
 APP = "faults"
 BODY = {"input": [f"sentence {i} for the fault suite" for i in range(8)]}
@@ -173,11 +173,12 @@ def start_cluster(
 ) -> Target:
     """Ray and Serve on 127.0.0.1 (HAProxy, launch.start_ray's settings) and ``replicas`` of
     the app; returns once every replica is UP in HAProxy."""
-    from serve_app import launch, warmpool
+    from serve_app.ops import launch
+    from serve_app.startup import warmpool
 
     launch.private_haproxy_ports()
     port = launch.free_port()
-    from serve_app.config import parse_args
+    from serve_app.config.args import parse_args
 
     app_args = parse_args(args or ARGS)
     launch.start_ray(
@@ -190,7 +191,7 @@ def start_cluster(
     import ray
     from ray import serve
 
-    from serve_app.replica import ModelServer
+    from serve_app.serving.replica import ModelServer
 
     serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
     app = ModelServer.options(  # type: ignore[attr-defined]
@@ -206,7 +207,7 @@ def start_cluster(
 
 def haproxy_rows(target: Target) -> dict[str, dict[str, str]]:
     """Replica id -> HAProxy's ``show stat`` row, for this app's replicas."""
-    from serve_app.launch import haproxy_servers
+    from serve_app.ops.launch import haproxy_servers
 
     prefix = f"http-{APP}/SERVE_REPLICA_{APP}-model-"
     servers = haproxy_servers(target.node_id)
@@ -301,7 +302,7 @@ def split_by_replica(results: list[Result], victim: str) -> dict[str, Any]:
 
 def reliability_env() -> dict[str, str | None]:
     """The reliability settings this run had (launch.reliability_env's names)."""
-    from serve_app import launch
+    from serve_app.ops import launch
 
     return {name: os.environ.get(name) for name in launch.reliability_env(0.0)}
 
@@ -654,8 +655,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = only - set(FAULTS)
     if unknown:
         p.error(f"unknown faults {sorted(unknown)}; choose from {', '.join(FAULTS)}")
-    from serve_app import launch
-    from serve_app.config import parse_args
+    from serve_app.config.args import parse_args
+    from serve_app.ops import launch
 
     rows: list[Row] = []
     t0 = time.monotonic()

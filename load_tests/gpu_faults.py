@@ -68,7 +68,7 @@ from load_tests.faults import (
     start_cluster,
     wait_whole,
 )
-from serve_app.monitor import pid_alive
+from serve_app.control.monitor import pid_alive
 
 # kill20 last: it takes whatever the budget has left, the others' actual time, not a reserve.
 FAULTS = ("poisoned", "sigstop", "hog", "overload", "kill20")
@@ -467,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     kills = a.kills if a.kills is not None else (3 if a.quick else 20)
     stop_s = a.stop_s if a.stop_s is not None else (15.0 if a.quick else 30.0)
     min_up = a.min_up if a.min_up is not None else a.replicas - 1
-    from serve_app import launch
+    from serve_app.ops import launch
 
     t0 = time.monotonic()
     budget = Budget(a.budget_s)

@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from serve_app import nvml
-from serve_app.adapters.embeddings import EmbeddingAdapter
-from serve_app.config import parse_args
-from serve_app.graphs import GraphSet, graph_batch_sizes
+from serve_app.adapters.embeddings.adapter import EmbeddingAdapter
+from serve_app.config.args import parse_args
+from serve_app.gpu import nvml
+from serve_app.gpu.graphs import GraphSet, graph_batch_sizes
 
 
 def main() -> int:

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from serve_app.warmpool import preload_modules
+from serve_app.startup.warmpool import preload_modules
 
 CHILD = """
 import json, sys, time

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from load_tests import payloads
-from serve_app.config import parse_args
+from serve_app.config.args import parse_args
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -138,7 +138,7 @@ def resnet_rows(device: torch.device, iters: int) -> list[dict[str, Any]]:
 
 
 def minilm_rows(device: torch.device, iters: int, tokens: int = 16) -> list[dict[str, Any]]:
-    from serve_app.adapters.embeddings import EmbeddingAdapter
+    from serve_app.adapters.embeddings.adapter import EmbeddingAdapter
 
     args = parse_args({"adapter": "embeddings", "load_format": "dummy", "dtype": "float16"})
     adapter = EmbeddingAdapter(args)
@@ -160,7 +160,7 @@ def minilm_rows(device: torch.device, iters: int, tokens: int = 16) -> list[dict
 
 def request_costs(device: torch.device, iters: int) -> list[dict[str, Any]]:
     """CPU ms of adapter.decode per request and adapter.predict per batch."""
-    from serve_app.adapters.base import make_adapter
+    from serve_app.adapters.contract import make_adapter
 
     rows: list[dict[str, Any]] = []
     specs = [

@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from serve_app import launch
+from serve_app.ops import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 OBJECT_STORE_BYTES = 200 * 1024 * 1024

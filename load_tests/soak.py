@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-plot", action="store_true", help="no PNG beside the JSON")
     a = p.parse_args(argv)
     warmup_s = a.warmup_s if a.warmup_s is not None else default_warmup_s(a.duration_s)
-    from serve_app import launch
+    from serve_app.ops import launch
 
     gpus = launch.gpu_count() if a.device == "cuda" else 0
     if a.device == "cuda" and gpus == 0:

@@ -42,9 +42,9 @@ def main() -> None:
     from starlette.requests import Request
     from starlette.responses import JSONResponse
 
-    from serve_app import launch
-    from serve_app.config import parse_args
-    from serve_app.replica import ModelServer
+    from serve_app.config.args import parse_args
+    from serve_app.ops import launch
+    from serve_app.serving.replica import ModelServer
     from tests.helpers import wait_http
 
     launch.private_haproxy_ports()

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import yaml
 
-from serve_app import launch
-from serve_app.status import render_status
+from serve_app.ops import launch
+from serve_app.ops.status import render_status
 
 
 def dummy(doc: dict) -> dict:

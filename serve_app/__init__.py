@@ -9,7 +9,7 @@ import time
 
 IMPORTED_AT_S = time.time()
 
-from serve_app.config import AppArgs, parse_args  # noqa: E402 - after the clock reading
+from serve_app.config.args import AppArgs, parse_args  # noqa: E402 - after the clock reading
 from serve_app.errors import ConfigError, ServeAppError  # noqa: E402
 
 __all__ = ["AppArgs", "ConfigError", "ServeAppError", "parse_args"]

@@ -1,3 +1,3 @@
-from serve_app.cli import main
+from serve_app.ops.cli import main
 
 raise SystemExit(main())

@@ -6,8 +6,8 @@ from typing import Any
 
 from ray.serve import Application
 
-from serve_app.config import parse_args
-from serve_app.replica import ModelServer
+from serve_app.config.args import parse_args
+from serve_app.serving.replica import ModelServer
 
 
 def build_app(args: dict[str, Any]) -> Application:

@@ -62,7 +62,7 @@ POLICY_OVERRIDES = {"upscale_cooldown_s": 10, "shed_cooldown_s": 5, "max_step_up
 
 def grab_config(gpus: list[str], port: int, per_gpu: int, device: str) -> dict[str, Any]:
     """configs/controller.yaml's application once per GPU, pinned to its node by label."""
-    from serve_app.config import load_deploy_config
+    from serve_app.config.args import load_deploy_config
 
     base = load_deploy_config(CONFIG)
     apps = []
@@ -162,7 +162,7 @@ class Cluster:
 
     def __init__(self, scratch: Path, gpus: list[str], cuda: bool, nvml_script: str | None):
         from load_tests.side_by_side.cluster import private_haproxy_files
-        from serve_app import launch
+        from serve_app.ops import launch
 
         cli = ray_nodes.ray_cli()
         if cli is None:
@@ -255,8 +255,8 @@ def _answers(url: str) -> bool:
 def grab_worker(spec: dict[str, Any]) -> None:
     import ray
 
-    from serve_app import launch
-    from serve_app.config import check_deploy_config
+    from serve_app.config.args import check_deploy_config
+    from serve_app.ops import launch
 
     cuda = spec["device"] == "cuda"
     out_dir = Path(spec["out_dir"])

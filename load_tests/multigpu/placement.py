@@ -26,7 +26,7 @@ from load_tests.multigpu.common import (
     write_json_atomic,
 )
 from load_tests.side_by_side.util import log
-from serve_app.nvml import FAKE_NVML_VAR
+from serve_app.gpu.nvml import FAKE_NVML_VAR
 
 REPLICAS = 6
 SHARE = 0.3
@@ -36,7 +36,7 @@ CONFIG = "configs/gpu-shared.yaml"  # its args: MiniLM, fp16, threshold cache po
 def app_args(device: str) -> dict[str, Any]:
     """configs/gpu-shared.yaml's args with dummy weights (the GPU host has none)."""
     from load_tests.side_by_side.constants import ROOT
-    from serve_app.config import load_deploy_config
+    from serve_app.config.args import load_deploy_config
 
     args = dict(load_deploy_config(ROOT / CONFIG)["applications"][0]["args"])
     args.update(load_format="dummy", dtype="float16")
@@ -50,7 +50,7 @@ def placement_worker(spec: dict[str, Any]) -> None:
     from load_tests.bench import MemorySampler
     from load_tests.faults import start_cluster
     from load_tests.side_by_side.cluster import private_haproxy_files
-    from serve_app import launch
+    from serve_app.ops import launch
 
     out = Path(spec["out_dir"]) / "placement.json"
     cuda = spec["device"] == "cuda"

@@ -90,7 +90,8 @@ class Timeline:
     def sample(self) -> dict[str, Any]:
         from ray import serve
 
-        from serve_app import monitor, nvml
+        from serve_app.control import monitor
+        from serve_app.gpu import nvml
 
         t = self.now()
         self._refresh_map(t)

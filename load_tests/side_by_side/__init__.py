@@ -4,7 +4,7 @@
     2. plain_1      plain Ray Serve as the docs show it: one replica, num_gpus=1, @serve.batch,
                     Ray's default proxy
     3. plain_shared plain Ray Serve, N replicas at num_gpus=1/N, no caps, default proxy
-    4. serve_app    serve_app.replica.ModelServer, N replicas at 1/N under caps, calibrated
+    4. serve_app    serve_app.serving.replica.ModelServer, N replicas at 1/N under caps, calibrated
                     batching, the default cache policy, through the HAProxy ingress
    (+ plain_1_haproxy / plain_shared_haproxy with --haproxy-plain: 2-3 behind HAProxy too)
 

@@ -24,7 +24,7 @@ from load_tests.side_by_side.deployments import (
     preprocess_image,
 )
 from load_tests.side_by_side.util import _error, log
-from serve_app.launch import free_port
+from serve_app.ops.launch import free_port
 
 
 def _time_it(fn: Callable[[], Any], sync: Callable[[], None], min_s: float) -> float:

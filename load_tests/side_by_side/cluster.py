@@ -27,7 +27,7 @@ from load_tests.side_by_side.deployments import (
     plain_image_deployment,
 )
 from load_tests.side_by_side.util import _error, _write_json, log, nvml_devices
-from serve_app.launch import free_port
+from serve_app.ops.launch import free_port
 
 
 def _private_env(proxy: str, scratch: Path, spec: Mapping[str, Any]) -> None:
@@ -59,7 +59,7 @@ def private_haproxy_files(scratch: Path) -> None:
     os.environ["RAY_SERVE_HAPROXY_SOCKET_PATH"] = str(scratch / "admin.sock")
     os.environ["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"] = str(scratch)
     os.environ["RAY_SERVE_HAPROXY_SERVER_STATE_FILE"] = str(scratch / "server-state")
-    from serve_app.launch import private_haproxy_ports
+    from serve_app.ops.launch import private_haproxy_ports
 
     private_haproxy_ports()
 
@@ -145,7 +145,7 @@ def _wait_answer(request: Any, timeout_s: float) -> float:
 
 
 def _serve_app_args(model: str, spec: Mapping[str, Any]) -> dict[str, Any]:
-    from serve_app.config import parse_args
+    from serve_app.config.args import parse_args
 
     m = MODELS[model]
     raw: dict[str, Any] = {
@@ -197,7 +197,7 @@ def run_setup(
     t0 = time.time()
     try:
         if s["server"] == "serve_app":
-            from serve_app.replica import ModelServer
+            from serve_app.serving.replica import ModelServer
 
             app = ModelServer.options(**options).bind(_serve_app_args(model, spec))  # type: ignore[attr-defined]
             doc["config"] = {

@@ -36,13 +36,13 @@ def build_resnet50() -> Any:
 
         return torchvision.models.resnet50(weights=None)
     except Exception:  # noqa: BLE001 - no or broken torchvision
-        from serve_app.adapters.resnet import build_resnet
+        from serve_app.adapters.image.resnet import build_resnet
 
         return build_resnet("resnet50")
 
 
 def minilm_dir() -> str:
-    from serve_app.adapters.embeddings import SKELETON_DIR
+    from serve_app.adapters.embeddings.adapter import SKELETON_DIR
 
     return str(SKELETON_DIR)
 

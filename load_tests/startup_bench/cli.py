@@ -44,7 +44,7 @@ def part_deadline(budget: Budget, part: str, parts: tuple[str, ...]) -> float:
 def script_fake_gpu(work: Path) -> None:
     """On a CPU: NVML scripted (one 80 GiB GPU, 79 GiB free) for the Ray cluster started next,
     so that replicas holding a logical GPU share run in logical-scripted mode."""
-    from serve_app import nvml
+    from serve_app.gpu import nvml
 
     path = work / "nvml-script.json"
     devices = {FAKE_GPU_UUID: {"total_bytes": 80 << 30, "free_bytes": 79 << 30}}
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--only: choose from {', '.join(PART_WEIGHTS)}")
     repeats = a.repeats or (2 if a.quick else 5)
     budget_s = a.budget_s or (240.0 if a.quick else 420.0)
-    from serve_app import launch
+    from serve_app.ops import launch
 
     gpus = launch.gpu_count() if a.device == "cuda" else 0
     if a.device == "cuda" and gpus == 0:

@@ -31,7 +31,7 @@ FIRST_GUESS_S = 30.0  # one start and stop, before one has been timed
 def stop_cli(proc: subprocess.Popen[bytes], host: str, port: int) -> dict[str, Any]:
     """SIGINT (Ctrl-C), wait for the exit and the port; SIGKILL, by pid, whatever of the CLI's
     process tree is still alive after that."""
-    from serve_app.launch import port_is_free
+    from serve_app.ops.launch import port_is_free
 
     try:
         tree = psutil.Process(proc.pid).children(recursive=True)
@@ -63,7 +63,8 @@ def stop_cli(proc: subprocess.Popen[bytes], host: str, port: int) -> dict[str, A
 
 
 def cold_once(doc: dict[str, Any], work: Path, repeat: int, deadline: float) -> dict[str, Any]:
-    from serve_app import launch, nvml
+    from serve_app.gpu import nvml
+    from serve_app.ops import launch
 
     host, port = launch.http_address(doc)
     url = f"http://{host}:{port}"
@@ -122,7 +123,7 @@ def doc_setup(doc: dict[str, Any]) -> str:
 
 
 def cold_part(run: Run, doc: dict[str, Any], repeats: int, deadline: float, work: Path) -> None:
-    from serve_app import launch
+    from serve_app.ops import launch
 
     took_s = FIRST_GUESS_S  # then the longest repeat seen
     for repeat in range(repeats):

@@ -89,7 +89,7 @@ def replacement_part(run: Run, target: Target, repeats: int, deadline: float) ->
 def deployment_counts() -> tuple[int, int]:
     """(target, running) replicas of the decision app's deployment, from Serve's details;
     (-1, -1) when they cannot be read."""
-    from serve_app.readiness import deployment_health, serve_details
+    from serve_app.serving.readiness import deployment_health, serve_details
 
     try:
         details = serve_details()
@@ -131,8 +131,8 @@ def deploy_decision_app(
     """Deploy without waiting (settle_at waits, under the part's deadline)."""
     from ray.serve.api import _run
 
-    from serve_app.config import parse_args
-    from serve_app.replica import ModelServer
+    from serve_app.config.args import parse_args
+    from serve_app.serving.replica import ModelServer
 
     app = ModelServer.options(  # type: ignore[attr-defined]
         ray_actor_options=options, autoscaling_config=autoscaling

@@ -1,7 +1,7 @@
 """The throughput benchmark that cannot be mistaken for the server's limit.
 
 For each setup (model, replica count at a GPU share that fits one GPU, inputs per request) it
-starts serve_app the way ``serve-app run`` does (serve_app.launch, HAProxy ingress, dummy fp16
+starts serve_app the way ``serve-app run`` does (serve_app.ops.launch, HAProxy ingress, dummy fp16
 weights, real defaults otherwise) on the server cores, and measures:
 
 - the maximum throughput with wrk (closed loop, a few connection counts, the best kept);

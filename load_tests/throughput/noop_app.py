@@ -1,6 +1,6 @@
 """The plain Ray Serve no-op (side_by_side's FastAPI ingress deployment, ``POST /noop``) as an
 application builder, so that it deploys from a Serve config the way serve_app does (through
-serve_app.launch.deploy) into the same cluster, behind the same HAProxy ingress."""
+serve_app.ops.launch.deploy) into the same cluster, behind the same HAProxy ingress."""
 
 from __future__ import annotations
 

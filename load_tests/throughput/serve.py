@@ -1,5 +1,5 @@
 """The serve worker: one Ray session on the server cores, started as ``serve-app run`` starts it
-(serve_app.launch: start_ray, deploy, wait_ready), with each job's application deployed in turn
+(serve_app.ops.launch: start_ray, deploy, wait_ready), with each job's application deployed in turn
 into it (the previous one deleted first, and its GPU memory seen released) and measured.
 
 Pinning: this process sets its affinity to the server cores before ray.init, so every Ray
@@ -84,8 +84,8 @@ def run_job(
     rows go to ``result["rows"]`` as they are made."""
     from load_tests.bench import MemorySampler
     from load_tests.side_by_side.cluster import _server_memory, _wait_answer
-    from serve_app import launch
-    from serve_app.config import check_deploy_config
+    from serve_app.config.args import check_deploy_config
+    from serve_app.ops import launch
 
     cfg, cuda = ctx["cfg"], ctx["cuda"]
     kind, replicas = job["kind"], job["replicas"]
@@ -221,7 +221,7 @@ def serve_worker(spec: dict[str, Any]) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), path) if p)
     daemon = None
     if cfg["mps"]:  # as `serve-app run` does for memory.enforcement: mps (serve_app/mps.py)
-        from serve_app import mps as serve_app_mps
+        from serve_app.gpu import mps as serve_app_mps
 
         try:
             daemon = serve_app_mps.ensure_daemon()
@@ -233,7 +233,7 @@ def serve_worker(spec: dict[str, Any]) -> None:
     ctx: dict[str, Any] = {"cfg": cfg, "cuda": cuda, "mps": mps, "result_path": result_path}
     ctx["deadline"] = spec["deadline_unix"]
     try:
-        from serve_app import launch
+        from serve_app.ops import launch
 
         work = Path(spec["work_dir"])
         pool = OpenLoopPool(cfg["client_cores"], cfg["openloop_procs"], work)
@@ -258,7 +258,7 @@ def serve_worker(spec: dict[str, Any]) -> None:
         if pool is not None:
             pool.close()
         try:
-            from serve_app import launch
+            from serve_app.ops import launch
 
             launch.shutdown()
         except Exception as exc:  # noqa: BLE001

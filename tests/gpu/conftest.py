@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_app.launch import free_port
+from serve_app.ops.launch import free_port
 
 RAY_CPUS = 16
 
@@ -56,7 +56,8 @@ def gpu_base_url() -> Iterator[str]:
     import torch
     from ray import serve
 
-    from serve_app import launch, nvml
+    from serve_app.gpu import nvml
+    from serve_app.ops import launch
 
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
     # Real NVML here, even after the integration suite scripted it in this process.

@@ -111,8 +111,8 @@ def gib(n: float | None) -> str:
 def deploy(base_url: str) -> str:
     from ray import serve
 
-    from serve_app.config import parse_args
-    from serve_app.replica import ModelServer
+    from serve_app.config.args import parse_args
+    from serve_app.serving.replica import ModelServer
 
     app_args = parse_args(ARGS).model_dump()
     log(f"deploying {APP!r}: args={ARGS} actor={ACTOR_OPTIONS} autoscaling={AUTOSCALING}")
@@ -292,7 +292,8 @@ class Timeline:
                 log(f"timeline sample failed: {type(exc).__name__}: {exc}")
 
     def sample(self) -> dict[str, Any]:
-        from serve_app import monitor, nvml
+        from serve_app.control import monitor
+        from serve_app.gpu import nvml
 
         t = self.now()
         states = replica_states()
@@ -394,7 +395,7 @@ HOG_SCRIPT = r'''
 until the release file appears (or MAX_S passes), then exit (which frees everything)."""
 import json, os, sys, time
 import torch
-from serve_app.nvml import format_uuid
+from serve_app.gpu.nvml import format_uuid
 
 uuids = set(sys.argv[1].split(","))
 leave, ready, release, max_s = int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5])

@@ -29,10 +29,10 @@ import numpy as np
 import pytest
 import torch
 
-from serve_app.adapters.embeddings import GRAPH_LENGTHS, EmbeddingAdapter
-from serve_app.adapters.image import ImageClassifierAdapter
-from serve_app.config import parse_args
-from serve_app.graphs import GraphMemoryLimit, GraphSet
+from serve_app.adapters.embeddings.adapter import GRAPH_LENGTHS, EmbeddingAdapter
+from serve_app.adapters.image.adapter import ImageClassifierAdapter
+from serve_app.config.args import parse_args
+from serve_app.gpu.graphs import GraphMemoryLimit, GraphSet
 
 pytestmark = pytest.mark.gpu
 
@@ -163,10 +163,10 @@ def test_the_memory_limit_keeps_large_shapes_eager() -> None:
 # would find them loaded and add nothing outside torch to measure.
 _REFIT_SCRIPT = """
 import json, torch
-from serve_app.adapters.embeddings import EmbeddingAdapter
-from serve_app.config import parse_args
-from serve_app.partition import NON_TORCH_RESERVE_BYTES, Partition
-from serve_app.startup import graph_memory_limit, graph_room_bytes
+from serve_app.adapters.embeddings.adapter import EmbeddingAdapter
+from serve_app.config.args import parse_args
+from serve_app.gpu.partition import NON_TORCH_RESERVE_BYTES, Partition
+from serve_app.startup.pipeline import graph_memory_limit, graph_room_bytes
 args = parse_args({"adapter": "embeddings", "load_format": "dummy", "dtype": "float16"})
 partition = Partition.start(args, 0.25)
 before = partition.budget

@@ -48,22 +48,22 @@ from PIL import Image
 
 pytest.importorskip("torchvision.io")
 
-from serve_app.adapters.image import ImageClassifierAdapter  # noqa: E402
-from serve_app.adapters.imagedecode import (  # noqa: E402
-    DecoderMemory,
-    GpuJpegDecoder,
-    measure_decoder_bytes,
-    nvjpeg_decoder,
-)
-from serve_app.adapters.imagefile import (  # noqa: E402
+from serve_app.adapters.image.adapter import ImageClassifierAdapter  # noqa: E402
+from serve_app.adapters.image.files import (  # noqa: E402
     EncodedImage,
     encoded_image,
     pillow_crop,
     synthetic_jpeg,
     worst_case_size,
 )
-from serve_app.adapters.imageresize import crop_box, resize_crops  # noqa: E402
-from serve_app.config import parse_args  # noqa: E402
+from serve_app.adapters.image.gpudecode import (  # noqa: E402
+    DecoderMemory,
+    GpuJpegDecoder,
+    measure_decoder_bytes,
+    nvjpeg_decoder,
+)
+from serve_app.adapters.image.resize import crop_box, resize_crops  # noqa: E402
+from serve_app.config.args import parse_args  # noqa: E402
 from serve_app.errors import BadRequest, ItemError  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -374,7 +374,7 @@ def _warm_torch_kernels() -> None:
 
 def _memory_probe(out_path: str) -> None:
     """The start-up measurement, then the decoder's worst-case work with NVML sampled."""
-    from serve_app import nvml
+    from serve_app.gpu import nvml
 
     torch.cuda.set_device(DEVICE)
     torch.zeros(1, device=DEVICE)

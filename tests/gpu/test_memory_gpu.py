@@ -85,8 +85,8 @@ def write_result(results_dir: Path, name: str, doc: dict[str, Any]) -> Path:
 
 
 def _application(args: dict[str, Any], replicas: int, num_gpus: float, retries: int | None) -> Any:
-    from serve_app.config import parse_args
-    from serve_app.replica import ModelServer
+    from serve_app.config.args import parse_args
+    from serve_app.serving.replica import ModelServer
 
     options: dict[str, Any] = {
         "num_replicas": replicas,
@@ -222,7 +222,7 @@ class Texts:
     def __init__(self) -> None:
         from transformers import AutoTokenizer
 
-        from serve_app.adapters.embeddings import SKELETON_DIR, default_model_dir
+        from serve_app.adapters.embeddings.adapter import SKELETON_DIR, default_model_dir
 
         model_dir = default_model_dir() or SKELETON_DIR
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -973,13 +973,13 @@ def calibrate_in_process(
 
     import torch
 
-    from serve_app import nvml
     from serve_app.adapters import make_adapter
-    from serve_app.calibrate import candidate_sizes
-    from serve_app.config import parse_args
-    from serve_app.oom import is_torch_oom
-    from serve_app.partition import Partition
-    from serve_app.startup import calibrate_batch_size, capture_graphs, graph_batch_limit
+    from serve_app.config.args import parse_args
+    from serve_app.gpu import nvml
+    from serve_app.gpu.calibrate import candidate_sizes
+    from serve_app.gpu.partition import Partition
+    from serve_app.serving.oom import is_torch_oom
+    from serve_app.startup.pipeline import calibrate_batch_size, capture_graphs, graph_batch_limit
 
     if nvml.is_scripted():
         nvml.set_source(nvml.NvmlSource())

@@ -37,7 +37,8 @@ import httpx
 import pytest
 import yaml
 
-from serve_app import launch, mps
+from serve_app.gpu import mps
+from serve_app.ops import launch
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
@@ -311,7 +312,7 @@ def test_escape_refused_under_mps_reported_under_torch(tmp_path: Path, enforceme
 CLIENT = textwrap.dedent(
     """
     import json, os, sys
-    from serve_app import mps
+    from serve_app.gpu import mps
     from serve_app.errors import StartupError
     step = sys.argv[1]
     out = {"step": step}

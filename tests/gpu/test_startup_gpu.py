@@ -56,8 +56,8 @@ def deploy(base_url: str, name: str, args: dict[str, Any], timeout_s: float = 24
     from ray import serve
     from ray.serve.api import _run
 
-    from serve_app.config import parse_args
-    from serve_app.replica import ModelServer
+    from serve_app.config.args import parse_args
+    from serve_app.serving.replica import ModelServer
 
     log(f"deploying {name}: args={args}")
     t0 = time.monotonic()

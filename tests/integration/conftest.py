@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from serve_app.launch import free_port
+from serve_app.ops.launch import free_port
 from tests.helpers import wait_http
 
 LOGICAL_GPUS = 1
@@ -36,8 +36,8 @@ class Cluster:
         """Deploy a serve_app application and wait until it answers; returns its base URL."""
         from ray import serve
 
-        from serve_app.config import parse_args
-        from serve_app.replica import ModelServer
+        from serve_app.config.args import parse_args
+        from serve_app.serving.replica import ModelServer
 
         app_args = parse_args(args).model_dump()
         serve.run(
@@ -57,7 +57,8 @@ class Cluster:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    from serve_app import launch, warmpool
+    from serve_app.ops import launch
+    from serve_app.startup import warmpool
 
     script = tmp_path_factory.mktemp("nvml") / "nvml-script.json"
     script.write_text(json.dumps({"t0_unix_s": time.time(), "devices": {}, "steps": []}))

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from serve_app import monitor
+from serve_app.control import monitor
 from tests.integration.conftest import Cluster
 
 APP = "controller"

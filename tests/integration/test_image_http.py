@@ -18,7 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
-from serve_app.adapters.resnet import build_resnet
+from serve_app.adapters.image.resnet import build_resnet
 
 APP = "image-http"
 PREFIX = "/img"
@@ -175,8 +175,8 @@ def test_unknown_model_is_404_json(image_app: dict[str, Any]) -> None:
 
 def test_weights_file_is_used(image_app: dict[str, Any], tmp_path: Path) -> None:
     # The served scores equal the in-process model's with the same seeded weights.
-    from serve_app.adapters.image import ImageClassifierAdapter
-    from serve_app.config import parse_args
+    from serve_app.adapters.image.adapter import ImageClassifierAdapter
+    from serve_app.config.args import parse_args
 
     torch.manual_seed(7)
     state = build_resnet("resnet18").state_dict()

@@ -35,7 +35,7 @@ import pytest
 
 from load_tests import ray_nodes
 from serve_app import env as serve_env
-from serve_app import launch
+from serve_app.ops import launch
 from tests.helpers import wait_http
 from tests.integration.test_controller import Load, wait_for
 
@@ -86,7 +86,7 @@ def serve_config(port: int) -> dict[str, Any]:
 DRIVER = """
 import json, sys
 import ray
-from serve_app import launch
+from serve_app.ops import launch
 ray.init(address=sys.argv[1], namespace="serve_app", log_to_driver=False)
 launch.deploy(json.loads(sys.argv[2]))
 """

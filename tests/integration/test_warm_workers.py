@@ -14,7 +14,7 @@ import httpx
 import psutil
 import pytest
 
-from serve_app import warmpool
+from serve_app.startup import warmpool
 
 MODEL = "warm-minilm"
 ARGS = {"adapter": "embeddings", "model_name": MODEL, "max_batch_size": 8, "warm_workers": 2}

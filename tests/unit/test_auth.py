@@ -1,4 +1,4 @@
-"""serve_app.auth: keys from the environment, constant-time checks, 401 before any handler."""
+"""serving.auth: keys from the environment, constant-time checks, 401 before any handler."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ import pytest
 from starlette.requests import Request
 from starlette.responses import Response
 
-from serve_app import auth, env
-from serve_app.auth import ApiKeys, bearer_token
+from serve_app import env
 from serve_app.errors import ConfigError
-from serve_app.http import Ingress, json_response
-from serve_app.launch import exposure_warning
-from serve_app.openapi import BEARER, build_openapi
+from serve_app.ops.launch import exposure_warning
+from serve_app.serving import auth
+from serve_app.serving.auth import ApiKeys, bearer_token
+from serve_app.serving.http import Ingress, json_response
+from serve_app.serving.openapi import BEARER, build_openapi
 
 
 @pytest.fixture
@@ -168,7 +169,7 @@ def test_start_ray_keeps_the_dashboard_off_and_ray_on_loopback(monkeypatch) -> N
 
     import ray
 
-    from serve_app import launch
+    from serve_app.ops import launch
 
     seen: dict[str, object] = {}
     monkeypatch.setattr(os, "environ", dict(os.environ))  # start_ray sets variables

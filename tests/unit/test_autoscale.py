@@ -15,15 +15,17 @@ from ray.serve._private.common import DeploymentID, ReplicaID, TimeStampedValue
 from ray.serve.autoscaling_policy import _apply_autoscaling_config
 from ray.serve.config import AutoscalingConfig, AutoscalingContext, AutoscalingPolicy
 
-from serve_app import autoscale, monitor, nvml
-from serve_app.autoscale import (
+from serve_app.control import monitor
+from serve_app.control import policy as autoscale
+from serve_app.control.planner import ControllerConfig, Reason
+from serve_app.control.policy import (
     METRIC_GPU_KEY,
     HeadroomPolicy,
     inputs_from_context,
     stats_from_readings,
     validate_policy_kwargs,
 )
-from serve_app.planner import ControllerConfig, Reason
+from serve_app.gpu import nvml
 
 GIB = 1 << 30
 NOW = 50_000.0
@@ -283,7 +285,7 @@ def test_reservation_settles_when_replicas_run_and_then_expires() -> None:
 
 
 def test_reading_delay_follows_rays_record_and_push_periods() -> None:
-    from serve_app.autoscale import reading_delay_s
+    from serve_app.control.policy import reading_delay_s
 
     # Ray's defaults: record every min(30 x 0.2, 10) = 6 s, push every 10 s, loop 0.1 s.
     assert reading_delay_s({}) == pytest.approx(16.1)
@@ -300,7 +302,7 @@ def test_reading_delay_follows_rays_record_and_push_periods() -> None:
 
 
 def test_a_max_reading_age_the_readings_outgrow_is_an_error() -> None:
-    from serve_app.autoscale import reading_delay_errors
+    from serve_app.control.policy import reading_delay_errors
 
     def config(max_age: float | None, push: float) -> dict[str, Any]:
         kwargs = {} if max_age is None else {"max_reading_age_s": max_age}

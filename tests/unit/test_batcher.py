@@ -1,4 +1,4 @@
-"""serve_app.batcher: batches form when the model is free, so a backlog runs as big batches."""
+"""serving.batcher: batches form when the model is free, so a backlog runs as big batches."""
 
 import asyncio
 import threading
@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from serve_app.batcher import Batcher, BatchSizeMismatch
 from serve_app.errors import Overloaded
+from serve_app.serving.batcher import Batcher, BatchSizeMismatch
 
 
 class Model:

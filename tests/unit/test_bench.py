@@ -211,7 +211,7 @@ def test_default_model_names_are_what_serve_app_serves() -> None:
     is a 404): configs/default.yaml's model, AppArgs' default, and an image app's default."""
     import yaml
 
-    from serve_app.config import parse_args
+    from serve_app.config.args import parse_args
 
     default_yaml = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())
     served = default_yaml["applications"][0]["args"]["model_name"]

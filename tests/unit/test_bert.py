@@ -12,10 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from serve_app.adapters import bert
-from serve_app.adapters.base import load_state_dict
-from serve_app.adapters.embeddings import SKELETON_DIR, EmbeddingAdapter, default_model_dir
-from serve_app.config import parse_args
+from serve_app.adapters.contract import load_state_dict
+from serve_app.adapters.embeddings.adapter import (
+    SKELETON_DIR,
+    EmbeddingAdapter,
+    bert,
+    default_model_dir,
+)
+from serve_app.config.args import parse_args
 from serve_app.errors import ConfigError
 
 
@@ -174,7 +178,7 @@ def test_encoders_run_attention_without_cudnn(which: str, monkeypatch: pytest.Mo
     the process-wide flag as they found it."""
     from transformers import AutoModel
 
-    from serve_app.adapters.embeddings import HFEncoder
+    from serve_app.adapters.embeddings.adapter import HFEncoder
 
     real = torch.nn.functional.scaled_dot_product_attention
     cudnn_on_at_call: list[bool] = []

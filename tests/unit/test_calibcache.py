@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 import torch
 
-from serve_app import calibcache, startup
-from serve_app.calibcache import CacheEntry
-from serve_app.calibrate import CalibrationResult
-from serve_app.config import parse_args
+from serve_app.config.args import parse_args
+from serve_app.gpu import calibcache
+from serve_app.gpu.calibcache import CacheEntry
+from serve_app.gpu.calibrate import CalibrationResult
+from serve_app.startup import pipeline as startup
 
 GIB = 1 << 30
 CAP = 4 * GIB
@@ -261,7 +262,7 @@ def test_second_start_uses_the_cache_and_an_oom_invalidation_measures_again(
 
 
 def test_the_replicas_first_oom_deletes_its_entry(tmp_path: Path) -> None:
-    from serve_app.replica import ModelServer
+    from serve_app.serving.replica import ModelServer
 
     entry = _entry(tmp_path)
     calibcache.store(entry, RESULT, OVERHEAD)

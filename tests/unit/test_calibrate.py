@@ -1,4 +1,4 @@
-"""Unit tests for serve_app.calibrate: the doubling search over a scripted probe."""
+"""Unit tests for serve_app.gpu.calibrate: the doubling search over a scripted probe."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ from collections.abc import Callable
 
 import pytest
 
-from serve_app.calibrate import (
+from serve_app.gpu.budget import GpuMemoryError
+from serve_app.gpu.calibrate import (
     CalibrationError,
     CalibrationResult,
     candidate_sizes,
     find_max_batch,
 )
-from serve_app.memory import GpuMemoryError
 
 
 def linear_probe(base_bytes: int, per_item_bytes: int, calls: list[int]) -> Callable[[int], int]:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serve_app.config import AppArgs, check_deploy_config, load_deploy_config, parse_args
+from serve_app.config.args import AppArgs, check_deploy_config, load_deploy_config, parse_args
 from serve_app.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from serve_app.cli import main
-from serve_app.config import check_deploy_config, load_deploy_config
+from serve_app.config.args import check_deploy_config, load_deploy_config
+from serve_app.ops.cli import main
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "controller.yaml"
 KWARGS_PATH = "applications[0].deployments[0].autoscaling_config.policy.policy_kwargs"
@@ -98,7 +98,7 @@ def test_policies_outside_serve_app_are_not_checked_here() -> None:
 
 
 def test_shipped_config_decides_within_1_s_of_a_reading() -> None:
-    from serve_app.autoscale import reading_delay_s
+    from serve_app.control.policy import reading_delay_s
 
     auto = controller_doc()["applications"][0]["deployments"][0]["autoscaling_config"]
     assert reading_delay_s(auto) <= 1.0

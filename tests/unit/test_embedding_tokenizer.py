@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from serve_app.adapters.embeddings import SKELETON_DIR, EmbeddingAdapter
-from serve_app.config import parse_args
+from serve_app.adapters.embeddings.adapter import SKELETON_DIR, EmbeddingAdapter
+from serve_app.config.args import parse_args
 
 TEXTS = [
     "Hello, World!",

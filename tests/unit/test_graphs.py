@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-from serve_app.adapters.embeddings import GRAPH_LENGTHS, EmbeddingAdapter
-from serve_app.adapters.image import ImageClassifierAdapter
-from serve_app.config import parse_args
+from serve_app.adapters.embeddings.adapter import GRAPH_LENGTHS, EmbeddingAdapter
+from serve_app.adapters.image.adapter import ImageClassifierAdapter
+from serve_app.config.args import parse_args
 from serve_app.errors import ConfigError
-from serve_app.graphs import (
+from serve_app.gpu.graphs import (
     GraphCaptureError,
     GraphMemoryLimit,
     GraphSet,
@@ -114,7 +114,7 @@ def _with_cpu_graphs(
         holder["set"] = CpuGraphSet(forward, capture_s_each=0.01 if budget_s is not None else 0)
         return holder["set"]
 
-    monkeypatch.setattr(f"serve_app.adapters.{module}.GraphSet", make)
+    monkeypatch.setattr(f"serve_app.adapters.{module}.adapter.GraphSet", make)
     adapter.capture_graphs(8, budget_s)
     return holder["set"]
 

@@ -1,4 +1,4 @@
-"""serve_app.http: exact-path routing with JSON 404/405, orjson rendering, body limits."""
+"""serve_app.serving.http: exact-path routing with JSON 404/405, orjson rendering, body limits."""
 
 from __future__ import annotations
 
@@ -14,7 +14,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from serve_app.errors import BadRequest, Overloaded
-from serve_app.http import Ingress, error_response, guarded, json_response, read_body, route_path
+from serve_app.serving.http import (
+    Ingress,
+    error_response,
+    guarded,
+    json_response,
+    read_body,
+    route_path,
+)
 
 FLOAT32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
 

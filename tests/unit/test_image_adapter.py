@@ -1,4 +1,4 @@
-"""serve_app.adapters.image and serve_app.adapters.resnet: decode, preprocess, weights, predict.
+"""adapters.image (adapter and resnet): decode, preprocess, weights, predict.
 
 No Ray. Small architectures (resnet18) and small images keep the file fast on two CPU cores.
 """
@@ -16,16 +16,16 @@ import pytest
 import torch
 from PIL import Image
 
-from serve_app.adapters import image as image_mod
-from serve_app.adapters.image import (
+from serve_app.adapters.image import adapter as image_mod
+from serve_app.adapters.image.adapter import (
     MEAN,
     STD,
     ImageClassifierAdapter,
     build_model,
     to_model_input,
 )
-from serve_app.adapters.resnet import build_resnet
-from serve_app.config import parse_args
+from serve_app.adapters.image.resnet import build_resnet
+from serve_app.config.args import parse_args
 from serve_app.errors import (
     BadRequest,
     ConfigError,

@@ -19,18 +19,11 @@ import pytest
 import torch
 from PIL import Image
 
-from serve_app.adapters import image as image_mod
-from serve_app.adapters import imagedecode, imageresize
-from serve_app.adapters.image import ImageClassifierAdapter
-from serve_app.adapters.imagedecode import (
-    GpuJpegDecoder,
-    decoder_probe_batches,
-    group_by_shape,
-    plan_chunks,
-    startup_decoder_memory,
-    use_gpu_decode,
-)
-from serve_app.adapters.imagefile import (
+from serve_app.adapters.image import adapter as image_mod
+from serve_app.adapters.image import gpudecode as imagedecode
+from serve_app.adapters.image import resize as imageresize
+from serve_app.adapters.image.adapter import ImageClassifierAdapter
+from serve_app.adapters.image.files import (
     EncodedImage,
     encoded_image,
     gpu_decodable,
@@ -39,8 +32,16 @@ from serve_app.adapters.imagefile import (
     synthetic_jpeg,
     worst_case_size,
 )
-from serve_app.adapters.imageresize import axis_weights, crop_box, resize_crops
-from serve_app.config import parse_args
+from serve_app.adapters.image.gpudecode import (
+    GpuJpegDecoder,
+    decoder_probe_batches,
+    group_by_shape,
+    plan_chunks,
+    startup_decoder_memory,
+    use_gpu_decode,
+)
+from serve_app.adapters.image.resize import axis_weights, crop_box, resize_crops
+from serve_app.config.args import parse_args
 from serve_app.errors import (
     BadRequest,
     ConfigError,

@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
-from serve_app import launch
-from serve_app.config import check_deploy_config
+from serve_app.config.args import check_deploy_config
+from serve_app.ops import launch
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "deploy" / "kuberay" / "rayservice.yaml"
@@ -77,7 +77,7 @@ def test_a_gpu_worker_group_with_one_gpu_per_pod() -> None:
 
 
 def test_the_head_preloads_what_serve_app_run_would() -> None:
-    from serve_app import warmpool
+    from serve_app.startup import warmpool
 
     head = rayservice()["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]
     wanted = warmpool.system_config(*warmpool.app_settings(serve_config()))

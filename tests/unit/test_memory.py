@@ -1,4 +1,4 @@
-"""Unit tests for serve_app.memory: budget arithmetic, free-memory check, snapshot, cache policy."""
+"""gpu.budget: budget arithmetic, free-memory check, snapshot, cache policy."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from serve_app.memory import (
+from serve_app.gpu.budget import (
     GpuMemoryError,
     InsufficientGpuMemoryError,
     MemoryBudget,

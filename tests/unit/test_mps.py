@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from serve_app import launch, mps, nvml
-from serve_app.config import check_deploy_config, parse_args
+from serve_app.config.args import check_deploy_config, parse_args
+from serve_app.control.monitor import Escape, GpuMonitor, WatchedReplica, find_escapes
 from serve_app.errors import ConfigError, StartupError
-from serve_app.monitor import Escape, GpuMonitor, WatchedReplica, find_escapes
+from serve_app.gpu import mps, nvml
+from serve_app.ops import launch
 
 GIB = 1 << 30
 UUID = "GPU-00000000-0000-0000-0000-000000000001"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from serve_app import monitor, nvml
-from serve_app.planner import (
+from serve_app.control import monitor
+from serve_app.control.planner import (
     ControllerConfig,
     GpuHeadroom,
     PlannerInputs,
@@ -18,6 +18,7 @@ from serve_app.planner import (
     ReplicaMemory,
     plan,
 )
+from serve_app.gpu import nvml
 
 GIB = 1 << 30
 NOW = 1_000.0

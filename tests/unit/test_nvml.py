@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from serve_app import nvml
-from serve_app.nvml import GpuMemory, NvmlError, NvmlErrorKind, NvmlSource, ScriptedSource
+from serve_app.gpu import nvml
+from serve_app.gpu.nvml import GpuMemory, NvmlError, NvmlErrorKind, NvmlSource, ScriptedSource
 
 UUID0 = "GPU-11111111-2222-3333-4444-555555555555"
 UUID1 = "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"

@@ -1,4 +1,4 @@
-"""Unit tests for serve_app.oom: split-and-retry on OOM, item isolation, batch cap lowering."""
+"""serving.oom: split-and-retry on OOM, item isolation, batch cap lowering."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serve_app.oom import (
+from serve_app.serving.oom import (
     ItemTooLarge,
     is_torch_oom,
     lowered_batch_cap,

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 import torch
 
-from serve_app.memory import InsufficientGpuMemoryError, plan_budget
-from serve_app.partition import (
+from serve_app.gpu.budget import InsufficientGpuMemoryError, plan_budget
+from serve_app.gpu.partition import (
     Partition,
     fit_cap_to_device,
     resolve_device,
@@ -78,7 +78,7 @@ def _capped(monkeypatch: pytest.MonkeyPatch, reserved: list[int], proc: list[int
 def test_refit_lowers_the_torch_cap_by_the_growth_outside_torch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from serve_app.partition import NON_TORCH_RESERVE_BYTES as RESERVE
+    from serve_app.gpu.partition import NON_TORCH_RESERVE_BYTES as RESERVE
 
     reserved, proc = [2 * GIB], [2 * GIB + 600 * MIB]
     part = _capped(monkeypatch, reserved, proc)
@@ -130,7 +130,7 @@ def test_after_batch_refits_when_torch_is_near_its_cap(monkeypatch: pytest.Monke
 
 
 def test_after_batch_refits_every_refit_every_s(monkeypatch: pytest.MonkeyPatch) -> None:
-    from serve_app.partition import REFIT_EVERY_S
+    from serve_app.gpu.partition import REFIT_EVERY_S
 
     reserved, proc = [GIB], [GIB + 600 * MIB + 20 * MIB]  # 20 MiB grew outside torch
     part = _capped(monkeypatch, reserved, proc)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serve_app.planner import (
+from serve_app.control.planner import (
     ControllerConfig,
     Direction,
     GpuHeadroom,

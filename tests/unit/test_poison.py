@@ -7,8 +7,8 @@ import logging
 import pytest
 import torch
 
-from serve_app import poison
-from serve_app.poison import STICKY_CUDA_EXIT_CODE, exit_if_sticky, sticky_cuda_error
+from serve_app.serving import poison
+from serve_app.serving.poison import STICKY_CUDA_EXIT_CODE, exit_if_sticky, sticky_cuda_error
 
 # What torch 2.x says for each (the first line of the message).
 ASSERT = "CUDA error: device-side assert triggered"

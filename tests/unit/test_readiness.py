@@ -1,10 +1,10 @@
-"""serve_app.readiness: ready while every deployment has a RUNNING replica; degraded listed."""
+"""serving.readiness: ready while every deployment has a RUNNING replica; degraded listed."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from serve_app.readiness import decide
+from serve_app.serving.readiness import decide
 
 
 def dep(status: str, target: int, *states: str) -> dict[str, Any]:
@@ -116,7 +116,7 @@ def test_enum_values_are_read_as_their_strings() -> None:
 
 
 def test_an_unreadable_status_is_not_ready(monkeypatch) -> None:
-    from serve_app import readiness
+    from serve_app.serving import readiness
 
     def unreachable() -> dict[str, Any]:
         raise ConnectionError("controller gone")

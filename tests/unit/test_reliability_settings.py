@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from serve_app import launch
+from serve_app.ops import launch
 
 
 def test_timeout_server_is_the_request_timeout_plus_a_margin() -> None:

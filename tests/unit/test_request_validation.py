@@ -9,9 +9,9 @@ import logging
 import numpy as np
 import pytest
 
-from serve_app.adapters.embeddings import SKELETON_DIR, EmbeddingAdapter
+from serve_app.adapters.embeddings.adapter import SKELETON_DIR, EmbeddingAdapter
 from serve_app.adapters.jsonbody import check_model, parse_json_object, string_list
-from serve_app.config import parse_args
+from serve_app.config.args import parse_args
 from serve_app.errors import BadRequest, ConfigError, NotFound, ServeAppError
 
 
@@ -93,7 +93,7 @@ def test_jsonbody_helpers() -> None:
 
 
 def test_internal_failure_is_500_with_error_id(caplog: pytest.LogCaptureFixture) -> None:
-    from serve_app.http import guarded
+    from serve_app.serving.http import guarded
 
     async def boom():
         raise RuntimeError("secret internal detail")

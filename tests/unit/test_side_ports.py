@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from serve_app import launch
+from serve_app.ops import launch
 
 
 def test_private_ports_are_distinct_and_in_range(monkeypatch: pytest.MonkeyPatch) -> None:

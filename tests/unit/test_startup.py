@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from serve_app import startup
-from serve_app.config import parse_args
+from serve_app.config.args import parse_args
+from serve_app.startup import pipeline as startup
 
 
 def test_start_replica_on_the_cpu_runs_every_phase_in_order(monkeypatch) -> None:
@@ -64,7 +64,7 @@ def test_weights_that_do_not_fit_name_the_setting(monkeypatch) -> None:
 def test_graphs_are_off_when_the_cap_leaves_little_room(monkeypatch, caplog) -> None:
     """Under GRAPH_MIN_ROOM_BYTES of room beside the weights no capture is tried (each
     capture's eager warm-up loads kernels outside torch), and the log names the fix."""
-    from serve_app.graphs import GRAPH_MIN_ROOM_BYTES
+    from serve_app.gpu.graphs import GRAPH_MIN_ROOM_BYTES
 
     captured: list[int] = []
     adapter = type(

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from load_tests.startup_bench import rows
-from serve_app.config import check_deploy_config
+from serve_app.config.args import check_deploy_config
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
@@ -86,7 +86,7 @@ def test_autoscaling_config_is_controller_yaml_with_short_cooldowns() -> None:
     assert got["look_back_period_s"] == 2
     original = doc["applications"][0]["deployments"][0]["autoscaling_config"]
     assert original["policy"]["policy_kwargs"]["upscale_cooldown_s"] == 30  # not mutated
-    from serve_app.autoscale import validate_policy_kwargs
+    from serve_app.control.policy import validate_policy_kwargs
 
     assert validate_policy_kwargs(kwargs) == []
 

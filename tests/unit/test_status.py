@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serve_app.status import render_status
+from serve_app.ops.status import render_status
 
 GIB = 1 << 30
 HEADER = (
@@ -183,7 +183,7 @@ def test_replicas_on_two_gpus_are_grouped_under_a_heading_per_node_and_gpu() -> 
 
 
 def test_placement_groups_sum_budgets_per_node_and_gpu() -> None:
-    from serve_app.status import placement_groups
+    from serve_app.ops.status import placement_groups
 
     reps = [
         {"replica_id": "r1", "node_id": "n2", "gpu_uuid": "GPU-b", "budget_bytes": 3},

@@ -12,22 +12,22 @@ from typing import Any
 
 import pytest
 
-from serve_app import warmpool
-from serve_app.config import parse_args
+from serve_app.config.args import parse_args
 from serve_app.errors import ConfigError
+from serve_app.startup import warmpool
 
 
 def test_preload_list_per_adapter_marker_last() -> None:
     emb = warmpool.preload_modules(["embeddings"])
-    assert emb[:3] == ["torch", "ray.serve._private.replica", "serve_app.replica"]
-    assert "serve_app.adapters.embeddings" in emb
+    assert emb[:3] == ["torch", "ray.serve._private.replica", "serve_app.serving.replica"]
+    assert "serve_app.adapters.embeddings.adapter" in emb
     # serve_app's own BERT encoder: transformers' 4 to 6 s import stays out of every worker
     assert not any(m.startswith("transformers") for m in emb)
-    assert "serve_app.adapters.image" not in emb
+    assert "serve_app.adapters.image.adapter" not in emb
     assert emb[-1] == warmpool.MARKER_MODULE
     both = warmpool.preload_modules(["image-classification", "embeddings", "image-classification"])
     assert both[-1] == warmpool.MARKER_MODULE
-    assert len(both) == len(set(both)) and "serve_app.adapters.image" in both
+    assert len(both) == len(set(both)) and "serve_app.adapters.image.adapter" in both
 
 
 def test_preload_list_imports_on_the_cpu_install() -> None:
@@ -199,7 +199,7 @@ def test_phase_timer_in_a_warm_worker(monkeypatch: pytest.MonkeyPatch) -> None:
 
     import psutil
 
-    from serve_app.startup import PhaseTimer
+    from serve_app.startup.pipeline import PhaseTimer
 
     started = psutil.Process().create_time()
     preloaded_s = (time.time() - started) / 2  # the preload ended halfway to now

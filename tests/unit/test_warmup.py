@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from serve_app.adapters.base import pow2_sizes
-from serve_app.adapters.embeddings import EmbeddingAdapter
-from serve_app.adapters.image import ImageClassifierAdapter
-from serve_app.config import parse_args
-from serve_app.startup import warm_up
+from serve_app.adapters.contract import pow2_sizes
+from serve_app.adapters.embeddings.adapter import EmbeddingAdapter
+from serve_app.adapters.image.adapter import ImageClassifierAdapter
+from serve_app.config.args import parse_args
+from serve_app.startup.pipeline import warm_up
 
 
 def test_pow2_sizes() -> None:
@@ -108,7 +108,7 @@ def test_warm_up_stops_at_its_budget_and_the_rest_runs_step_by_step(monkeypatch)
 
 
 def test_embedding_warmup_runs_smallest_shapes_first() -> None:
-    from serve_app.startup import WarmUp
+    from serve_app.startup.pipeline import WarmUp
 
     adapter = EmbeddingAdapter(parse_args({"adapter": "embeddings"}))
     adapter.setup(torch.device("cpu"))
@@ -131,7 +131,7 @@ def test_warm_up_re_raises_errors_other_than_oom(monkeypatch) -> None:
 def test_phase_timer_times_each_phase_and_the_total() -> None:
     import time
 
-    from serve_app.startup import PhaseTimer
+    from serve_app.startup.pipeline import PhaseTimer
 
     timer = PhaseTimer()
     with timer("weights"):
@@ -151,7 +151,7 @@ def test_work_between_batches_captures_graphs_first_then_warms_up() -> None:
     import threading
     from types import SimpleNamespace
 
-    from serve_app.replica import ModelServer
+    from serve_app.serving.replica import ModelServer
 
     cls = ModelServer.func_or_class  # type: ignore[attr-defined]
     calls: list[str] = []
@@ -215,7 +215,7 @@ def test_work_between_batches_under_load_captures_only_wanted_shapes() -> None:
     import threading
     from types import SimpleNamespace
 
-    from serve_app.replica import ModelServer
+    from serve_app.serving.replica import ModelServer
 
     cls = ModelServer.func_or_class  # type: ignore[attr-defined]
     calls: list[str] = []

@@ -26,11 +26,12 @@ from typing import Any, Literal
 
 import torch
 
-from serve_app import env, mps, nvml
-from serve_app.adapters.imagedecode import startup_decoder_memory
-from serve_app.config import AppArgs
+from serve_app import env
+from serve_app.adapters.image.gpudecode import startup_decoder_memory
+from serve_app.config.args import AppArgs
 from serve_app.errors import StartupError
-from serve_app.memory import (
+from serve_app.gpu import mps, nvml
+from serve_app.gpu.budget import (
     GpuMemoryError,
     MemoryBudget,
     MemorySnapshot,

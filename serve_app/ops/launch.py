@@ -20,9 +20,11 @@ from typing import Any
 
 import httpx
 
-from serve_app import env, mps, warmpool
-from serve_app.config import check_deploy_config, enforcements
+from serve_app import env
+from serve_app.config.args import check_deploy_config, enforcements
 from serve_app.errors import ConfigError, StartupError
+from serve_app.gpu import mps
+from serve_app.startup import warmpool
 
 logger = logging.getLogger("serve_app")
 DEFAULT_HOST = "127.0.0.1"
@@ -65,7 +67,7 @@ def gpu_count() -> int:
     not torch: importing torch alone took 1.9 to 2.5 s on the H200 host, and ``serve-app run``
     decides this before Ray starts, so every cold start waited for it. Where NVML cannot be
     read (no NVIDIA driver), torch answers."""
-    from serve_app import nvml
+    from serve_app.gpu import nvml
 
     count = nvml.visible_cuda_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
     if not isinstance(count, nvml.NvmlError):
@@ -213,7 +215,7 @@ def haproxy_timeout_server_s(request_timeout_s: float) -> str:
 def longest_request_timeout_s(doc: dict[str, Any]) -> float:
     """The largest ``args.request_timeout_s`` of the config's applications (the default where
     an application sets none)."""
-    from serve_app.config import AppArgs
+    from serve_app.config.args import AppArgs
 
     default = float(AppArgs.model_fields["request_timeout_s"].default)
     values = [

@@ -26,7 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from serve_app import env, nvml
+from serve_app import env
+from serve_app.gpu import nvml
 
 __all__ = [
     "MONITOR_NAMESPACE",

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from serve_app.adapters.imageresize import crop_box
+from serve_app.adapters.image.resize import crop_box
 from serve_app.errors import BadRequest, PayloadTooLarge, ServeAppError
 
 JPEG_MAX_SIDE = 65500  # the largest side Pillow writes a JPEG with

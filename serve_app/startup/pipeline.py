@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 
-from serve_app import calibcache
-from serve_app.config import AppArgs
+from serve_app.config.args import AppArgs
 from serve_app.errors import StartupError
-from serve_app.graphs import (
+from serve_app.gpu import calibcache
+from serve_app.gpu.budget import format_bytes
+from serve_app.gpu.graphs import (
     GRAPH_MIN_ROOM_BYTES,
     GRAPH_POOL_ROOM_SHARE,
     GraphCaptureError,
@@ -29,8 +30,7 @@ from serve_app.graphs import (
     graph_batch_limit,
     steps_within,
 )
-from serve_app.memory import format_bytes
-from serve_app.partition import Partition
+from serve_app.gpu.partition import Partition
 
 logger = logging.getLogger("serve_app")
 CPU_DEFAULT_BATCH = 32
@@ -81,7 +81,7 @@ def start_replica(args: AppArgs, num_gpus: float) -> Started:
         StartupError: a phase cannot complete (the message names the setting to change).
     """
     from serve_app.adapters import make_adapter
-    from serve_app.warmpool import match_a_fresh_worker
+    from serve_app.startup.warmpool import match_a_fresh_worker
 
     phases = PhaseTimer()
     match_a_fresh_worker()  # a warm worker imported torch before Ray set OMP_NUM_THREADS
@@ -162,7 +162,7 @@ def load_weights(adapter: Any, partition: Partition) -> None:
     Raises:
         StartupError: on a GPU, the weights do not fit under the replica's cap.
     """
-    from serve_app.oom import is_torch_oom
+    from serve_app.serving.oom import is_torch_oom
 
     try:
         adapter.setup(partition.device)
@@ -253,7 +253,7 @@ class PhaseTimer:
         import psutil
 
         from serve_app import IMPORTED_AT_S
-        from serve_app.warmpool import preloaded_at_s
+        from serve_app.startup.warmpool import preloaded_at_s
 
         now = time.time()
         self.process_started_s = psutil.Process(os.getpid()).create_time()
@@ -293,7 +293,7 @@ class PhaseTimer:
 def run_fits(adapter: Any, partition: Partition, batch: list[Any]) -> bool:
     """Run one batch under the cap and wait for the GPU; False, with the cache freed, when it
     ran out of memory (any other error re-raises)."""
-    from serve_app.oom import is_torch_oom
+    from serve_app.serving.oom import is_torch_oom
 
     try:
         adapter.predict(batch)
@@ -473,7 +473,7 @@ def calibrate_batch_size(adapter: Any, partition: Partition, max_batch_size: int
     The peak compared with the budget is NVML's view of the process: the caching allocator's
     peak reserved bytes plus the non-torch overhead measured at start-up.
     """
-    from serve_app.calibrate import find_max_batch
+    from serve_app.gpu.calibrate import find_max_batch
 
     assert partition.budget is not None
     budget = partition.budget

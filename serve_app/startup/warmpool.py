@@ -43,10 +43,10 @@ NEW_WORKER_WAIT_S = 3.0  # for the raylet's new workers to show among its childr
 NEW_WORKER_POLL_S = 0.1
 # What every replica imports, then what each adapter adds; serve_app.preloaded last (its import
 # time marks the end of the preload).
-BASE_MODULES = ("torch", "ray.serve._private.replica", "serve_app.replica")
+BASE_MODULES = ("torch", "ray.serve._private.replica", "serve_app.serving.replica")
 ADAPTER_MODULES = {
-    "embeddings": ("serve_app.adapters.embeddings",),
-    "image-classification": ("serve_app.adapters.image",),
+    "embeddings": ("serve_app.adapters.embeddings.adapter",),
+    "image-classification": ("serve_app.adapters.image.adapter",),
 }
 MARKER_MODULE = "serve_app.preloaded"
 
@@ -63,7 +63,7 @@ def preload_modules(adapters: Iterable[str]) -> list[str]:
 def app_settings(doc: dict[str, Any]) -> tuple[list[str], int]:
     """A deploy config's adapters (those of its serve_app applications) and the largest
     ``warm_workers`` among them."""
-    from serve_app.config import parse_args
+    from serve_app.config.args import parse_args
 
     adapters: list[str] = []
     most = 0
@@ -358,16 +358,16 @@ def start_keeper(target: int) -> Keeper | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m serve_app.warmpool CONFIG``: the ``--system-config`` JSON for ``ray start
+    """``python -m serve_app.startup.warmpool CONFIG``: the ``--system-config`` JSON for ``ray start
     --head`` on a cluster that will serve CONFIG (what ``serve-app run`` sets itself)."""
     import sys
 
-    from serve_app.config import load_deploy_config
+    from serve_app.config.args import load_deploy_config
     from serve_app.errors import ConfigError
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m serve_app.warmpool CONFIG.yaml", file=sys.stderr)
+        print("usage: python -m serve_app.startup.warmpool CONFIG.yaml", file=sys.stderr)
         return 2
     try:
         config = system_config(*app_settings(load_deploy_config(args[0])))

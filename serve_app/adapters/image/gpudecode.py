@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
-from serve_app.adapters.imagefile import EncodedImage, synthetic_jpeg, worst_case_size
-from serve_app.adapters.imageresize import resize_crops
-from serve_app.config import AppArgs
+from serve_app.adapters.image.files import EncodedImage, synthetic_jpeg, worst_case_size
+from serve_app.adapters.image.resize import resize_crops
+from serve_app.config.args import AppArgs
 from serve_app.errors import StartupError
-from serve_app.oom import is_torch_oom
+from serve_app.serving.oom import is_torch_oom
 
 logger = logging.getLogger("serve_app")
 

@@ -26,7 +26,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from serve_app.auth import PROTECTED_PATHS, ApiKeys
 from serve_app.errors import (
     BadRequest,
     InferenceError,
@@ -37,6 +36,7 @@ from serve_app.errors import (
     ServeAppError,
     Unauthorized,
 )
+from serve_app.serving.auth import PROTECTED_PATHS, ApiKeys
 
 logger = logging.getLogger("serve_app")
 

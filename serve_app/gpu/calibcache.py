@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from serve_app import env
-from serve_app.calibrate import CalibrationResult
+from serve_app.gpu.calibrate import CalibrationResult
 
 logger = logging.getLogger("serve_app")
 
@@ -82,7 +82,7 @@ def replica_key(args: Any, adapter: Any, partition: Any, limit: int) -> dict[str
     import torch
 
     import serve_app
-    from serve_app.graphs import graph_batch_limit
+    from serve_app.gpu.graphs import graph_batch_limit
 
     budget = partition.budget
     return build_key(

@@ -45,9 +45,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serve_app import env, nvml
-from serve_app.config import Enforcement
+from serve_app import env
+from serve_app.config.args import Enforcement
 from serve_app.errors import StartupError
+from serve_app.gpu import nvml
 
 logger = logging.getLogger("serve_app")
 
@@ -66,7 +67,7 @@ TORCH_HINT = "or set memory.enforcement: torch (the PyTorch cap alone, no MPS)"
 
 
 def _gib(n: int) -> str:
-    from serve_app.memory import format_bytes  # imports torch: only on a replica's start
+    from serve_app.gpu.budget import format_bytes  # imports torch: only on a replica's start
 
     return format_bytes(n)
 

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
 
 
 def _default_config() -> str:
@@ -18,7 +18,7 @@ def _default_config() -> str:
 
 
 def cmd_check(path: str) -> int:
-    from serve_app.config import check_deploy_config, load_deploy_config
+    from serve_app.config.args import check_deploy_config, load_deploy_config
     from serve_app.errors import ConfigError
 
     try:
@@ -36,9 +36,9 @@ def cmd_check(path: str) -> int:
 
 
 def cmd_run(path: str, haproxy: bool, ready_timeout_s: float) -> int:
-    from serve_app import launch
-    from serve_app.config import load_deploy_config
+    from serve_app.config.args import load_deploy_config
     from serve_app.errors import ServeAppError
+    from serve_app.ops import launch
 
     stop = threading.Event()
     try:
@@ -74,7 +74,7 @@ def cmd_run(path: str, haproxy: bool, ready_timeout_s: float) -> int:
 def cmd_status(url: str, as_json: bool) -> int:
     import httpx
 
-    from serve_app.status import render_status
+    from serve_app.ops.status import render_status
 
     try:
         resp = httpx.get(f"{url.rstrip('/')}/v1/memory", timeout=10.0)

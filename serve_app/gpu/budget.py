@@ -19,8 +19,9 @@ and ``num_gpus: 0.25``::
 
 ``plan_budget`` does this arithmetic, ``check_free_memory`` fails fast at start-up when the GPU
 cannot hold the budget, ``MemorySnapshot`` reports the figures, and ``should_free_cache`` decides
-whether to hand cached blocks back between batches. OOM recovery lives in ``serve_app.oom`` and
-batch-size calibration in ``serve_app.calibrate``.
+whether to hand cached blocks back between batches. OOM recovery lives in
+``serve_app.serving.oom`` and
+batch-size calibration in ``serve_app.gpu.calibrate``.
 """
 
 from __future__ import annotations
@@ -236,7 +237,7 @@ class MemorySnapshot:
     def measure(cls, device: torch.device | str, nvml_process_bytes: int | None) -> MemorySnapshot:
         """Read torch's allocator figures for ``device``; on a non-CUDA device they are zero.
 
-        NVML is read elsewhere (``serve_app.nvml``); pass its per-process figure, or None.
+        NVML is read elsewhere (``serve_app.gpu.nvml``); pass its per-process figure, or None.
         """
         dev = torch.device(device)
         if dev.type == "cuda":

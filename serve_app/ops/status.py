@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from serve_app.memory import format_bytes
+from serve_app.gpu.budget import format_bytes
 
 COLUMNS = [
     ("REPLICA", "replica_id", 10),
@@ -166,7 +166,7 @@ class ClusterView:
 def cluster_view(replicas: list[dict[str, Any]], timeout_s: float = 2.0) -> ClusterView:
     """Each GPU's total and free bytes (from the node monitors), the sum of the replicas'
     budgets on it, the controller's last decision per deployment, and budget escapes."""
-    from serve_app.monitor import status_snapshot
+    from serve_app.control.monitor import status_snapshot
 
     try:
         snap = status_snapshot(timeout_s)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from serve_app.memory import GpuMemoryError, format_bytes
+from serve_app.gpu.budget import GpuMemoryError, format_bytes
 
 __all__ = ["CalibrationError", "CalibrationResult", "candidate_sizes", "find_max_batch"]
 

@@ -21,12 +21,12 @@ import torch
 from tokenizers import Tokenizer
 from torch.nn.attention import sdpa_kernel
 
-from serve_app.adapters import bert
-from serve_app.adapters.base import Decoded, load_state_dict, pow2_sizes, resolve_dtype
+from serve_app.adapters.contract import Decoded, load_state_dict, pow2_sizes, resolve_dtype
+from serve_app.adapters.embeddings import bert
 from serve_app.adapters.jsonbody import check_model, parse_json_object, string_list
-from serve_app.config import AppArgs
+from serve_app.config.args import AppArgs
 from serve_app.errors import BadRequest, ConfigError
-from serve_app.graphs import GraphMemoryLimit, GraphSet, bucket_for, graph_batch_sizes
+from serve_app.gpu.graphs import GraphMemoryLimit, GraphSet, bucket_for, graph_batch_sizes
 
 logger = logging.getLogger("serve_app")
 # serve_app loads models from local directories only (model_path, the packaged model, the
@@ -47,7 +47,7 @@ GRAPH_LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128)
 # Where a model directory keeps its weights, in the order they are looked for.
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
-SKELETON_DIR = Path(__file__).resolve().parent.parent / "models" / "minilm-skeleton"
+SKELETON_DIR = Path(__file__).resolve().parents[2] / "models" / "minilm-skeleton"
 
 
 def default_model_dir() -> Path | None:

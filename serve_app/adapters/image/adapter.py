@@ -25,18 +25,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from serve_app.adapters.base import Decoded, load_state_dict, pow2_sizes, resolve_dtype
-from serve_app.adapters.imagedecode import GpuJpegDecoder, use_gpu_decode
-from serve_app.adapters.imagefile import (
+from serve_app.adapters.contract import Decoded, load_state_dict, pow2_sizes, resolve_dtype
+from serve_app.adapters.image.files import (
     EncodedImage,
     encoded_image,
     pillow_crop,
     synthetic_jpeg,
     worst_case_size,
 )
+from serve_app.adapters.image.gpudecode import GpuJpegDecoder, use_gpu_decode
+from serve_app.adapters.image.resnet import ARCHS, build_resnet
 from serve_app.adapters.jsonbody import check_model, parse_json_object, string_list
-from serve_app.adapters.resnet import ARCHS, build_resnet
-from serve_app.config import AppArgs
+from serve_app.config.args import AppArgs
 from serve_app.errors import (
     BadRequest,
     ConfigError,
@@ -44,7 +44,7 @@ from serve_app.errors import (
     ServeAppError,
     UnsupportedMediaType,
 )
-from serve_app.graphs import GraphMemoryLimit, GraphSet, bucket_for, graph_batch_sizes
+from serve_app.gpu.graphs import GraphMemoryLimit, GraphSet, bucket_for, graph_batch_sizes
 
 logger = logging.getLogger("serve_app")
 

@@ -12,9 +12,9 @@ from typing import Any, Protocol
 
 import torch
 
-from serve_app.config import AppArgs
+from serve_app.config.args import AppArgs
 from serve_app.errors import ConfigError
-from serve_app.graphs import GraphMemoryLimit, GraphSet
+from serve_app.gpu.graphs import GraphMemoryLimit, GraphSet
 
 
 @dataclass
@@ -94,10 +94,10 @@ def resolve_dtype(args: AppArgs, device: torch.device) -> torch.dtype:
 def make_adapter(args: AppArgs) -> ModelAdapter:
     """The adapter for ``args.adapter``."""
     if args.adapter == "embeddings":
-        from serve_app.adapters.embeddings import EmbeddingAdapter
+        from serve_app.adapters.embeddings.adapter import EmbeddingAdapter
 
         return EmbeddingAdapter(args)
-    from serve_app.adapters.image import ImageClassifierAdapter
+    from serve_app.adapters.image.adapter import ImageClassifierAdapter
 
     return ImageClassifierAdapter(args)
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from serve_app.auth import PROTECTED_PATHS
+from serve_app.serving.auth import PROTECTED_PATHS
 
 REF = "#/components/schemas/{model}"
 BEARER = "bearerAuth"

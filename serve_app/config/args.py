@@ -329,7 +329,7 @@ def _check_deployments(args: AppArgs, deployments: list[Any], where: str) -> lis
         if isinstance(policy, dict) and str(policy.get("policy_function", "")).startswith(
             "serve_app."
         ):
-            from serve_app.autoscale import reading_delay_errors, validate_policy_kwargs
+            from serve_app.control.policy import reading_delay_errors, validate_policy_kwargs
 
             where_kwargs = f"{path}.autoscaling_config.policy.policy_kwargs"
             problems = validate_policy_kwargs(policy.get("policy_kwargs") or {})
@@ -370,7 +370,7 @@ def _check_mps_deployment(
             )
     limit = env_vars.get(MPS_VARS[0])
     if limit is not None and enforcement == "torch":
-        from serve_app.mps import check_limit_value
+        from serve_app.gpu.mps import check_limit_value
 
         for problem in check_limit_value(str(limit)):
             errors.append(f"{path}.ray_actor_options.runtime_env.env_vars.{MPS_VARS[0]}: {problem}")

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from serve_app.config import AppArgs
+    from serve_app.config.args import AppArgs
 
 logger = logging.getLogger("serve_app")
 
@@ -242,7 +242,7 @@ class GraphSet:
         except GraphCaptureError:
             raise
         except Exception as exc:  # noqa: BLE001 - any capture failure, named for the user
-            from serve_app.oom import is_torch_oom
+            from serve_app.serving.oom import is_torch_oom
 
             raise GraphCaptureError(
                 f"capturing shape {key!r}: {type(exc).__name__}: {str(exc)[:300]}",

@@ -1,0 +1,1 @@
+"""Sentence embeddings: OpenAI-style ``/v1/embeddings`` over a BERT-family encoder."""

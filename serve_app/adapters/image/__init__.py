@@ -1,0 +1,1 @@
+"""Image classification: ``/v1/classify`` over a torchvision (or built-in ResNet) classifier."""
