@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
 from serve_app.adapters.embeddings.adapter import EmbeddingAdapter
+
 from serve_app.config.args import parse_args
-from serve_app.gpu import nvml
+from serve_app.gpu import devices, nvml
 from serve_app.gpu.graphs import GraphSet, graph_batch_sizes
 
 
@@ -33,7 +33,7 @@ def main() -> int:
     p.add_argument("--max-batch", type=int, default=256)
     a = p.parse_args()
     device = torch.device("cuda", 0)
-    uuid = nvml.uuid_for_torch_device(0)
+    uuid = devices.uuid_for_torch_device(0)
     assert uuid is not None, "no NVML UUID for CUDA device 0"
     rows: list[dict[str, Any]] = []
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from serve_app.errors import ConfigError
@@ -12,10 +13,45 @@ HAPROXY_CONFIG_DEFAULT = "/tmp/haproxy-serve/haproxy.cfg"  # Ray Serve 2.60's de
 HAPROXY_SOCKET_DEFAULT = "/tmp/haproxy-serve/admin.sock"  # Ray Serve 2.60's default
 API_KEYS_VAR = "SERVE_APP_API_KEYS"
 API_KEYS_FILE_VAR = "SERVE_APP_API_KEYS_FILE"
+FAKE_NVML_VAR = "SERVE_APP_FAKE_NVML"
+"""Test doubles: path of a JSON script that stands in for NVML (serve_app.testing.nvml)."""
+FAULT_HOOKS_VAR = "SERVE_APP_FAULT_HOOKS"
+"""Test doubles: ``1`` mounts a replica's fault hooks (serve_app.testing.faults)."""
+HF_HUB_OFFLINE_VAR = "HF_HUB_OFFLINE"
 
 
 def get(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
+
+
+@dataclass(frozen=True)
+class Doubles:
+    """Which test doubles this process runs with: the one switch production code asks before it
+    imports anything from serve_app.testing. Both are off unless a test sets them.
+
+    Attributes:
+        nvml_script: the NVML script that replaces the driver's readings (SERVE_APP_FAKE_NVML),
+            or None.
+        fault_hooks: whether replicas serve ``POST /v1/_faults`` (SERVE_APP_FAULT_HOOKS=1).
+    """
+
+    nvml_script: str | None
+    fault_hooks: bool
+
+
+def doubles() -> Doubles:
+    """The test doubles switched on in this process's environment."""
+    return Doubles(
+        nvml_script=os.environ.get(FAKE_NVML_VAR) or None,
+        fault_hooks=os.environ.get(FAULT_HOOKS_VAR) == "1",
+    )
+
+
+def models_offline() -> None:
+    """Keep transformers and huggingface_hub off the network: serve_app loads models from local
+    directories only, and a hub call that times out costs a replica's start seconds.
+    ``HF_HUB_OFFLINE=0`` in the environment wins."""
+    os.environ.setdefault(HF_HUB_OFFLINE_VAR, "1")
 
 
 def haproxy_config_path() -> str:

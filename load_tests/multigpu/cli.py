@@ -254,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_json_atomic(Path(cfg["nvml_script"]), fake_nvml_doc())
             doc["notes"].append(
                 "CPU dry run: no CUDA and no NVML; GPUs are Ray's logical ones, named by a "
-                "scripted NVML (serve_app.gpu.nvml.ScriptedSource), and NVML per-process fields "
+                "scripted NVML (serve_app.testing.nvml), and NVML per-process fields "
                 "are null"
             )
     except Exception as exc:  # noqa: BLE001 - nothing can run; say why in the summary

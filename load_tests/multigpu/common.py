@@ -29,7 +29,7 @@ NODE_LABEL = "serve-app/gpu"  # docs/cluster.md's node-per-GPU label
 
 
 def fake_nvml_doc(free_by_gpu: dict[str, int] | None = None) -> dict[str, Any]:
-    """The scripted NVML (serve_app.gpu.nvml.ScriptedSource) of the CPU run: FAKE_GPUS, 80 GiB each,
+    """The scripted NVML (serve_app.testing.nvml) of the CPU run: FAKE_GPUS, 80 GiB each,
     1 GiB used unless ``free_by_gpu`` says otherwise; no processes (so no per-process bytes)."""
     free = free_by_gpu or {}
     return {

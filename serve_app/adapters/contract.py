@@ -1,6 +1,17 @@
-"""The model contract: set up on a device, decode a request, predict a batch, encode a response.
+"""The model contract, in two halves (as text-embeddings-inference keeps its ``Backend`` apart
+from its HTTP types, and LitServe's specs own their routes and models):
 
-A new model family is one new file that fills in these four steps.
+- a **wire spec** (``WireSpec``): what travels over HTTP. Its route, its request and response
+  models (the OpenAPI operation), ``decode`` (a body to the request's raw inputs) and ``encode``
+  (outputs to the response body). It knows nothing of devices.
+- a **model backend** (``ModelBackend``): what runs on the device. ``setup``, ``prepare`` (raw
+  inputs to model items: tokenizing, image decoding), ``predict`` of a batch, the worst-case
+  items that calibration sizes the batch with, the warm-up batches, CUDA graphs, and what it
+  keeps outside torch (``HeldOutsideTorch``, through a start-up hook).
+
+``Model`` pairs them; it is all a replica serves. A family (``serve_app/adapters/<family>/``,
+a ``Family``) builds one from an application's args, and says what its backend will keep outside
+torch before anything loads; ``serve_app.adapters.family`` picks it by ``args.adapter``.
 """
 
 from __future__ import annotations
@@ -12,66 +23,128 @@ from typing import Any, Protocol
 
 import torch
 
+from serve_app.adapters.wire import Operation
 from serve_app.config.args import AppArgs
 from serve_app.errors import ConfigError
-from serve_app.gpu.graphs import GraphMemoryLimit, GraphSet
+from serve_app.gpu.capping import OutsideTorchHook
+from serve_app.gpu.graphs import GraphMemory, GraphSet
 
 
 @dataclass
 class Decoded:
-    """A decoded request: the items that go through the batch queue, and what encode needs."""
+    """A decoded request.
 
-    items: list[Any]
+    Attributes:
+        inputs: the raw inputs the wire spec read (texts, image bytes), one per item.
+        meta: what ``encode`` needs from the request (an encoding format, ``top_k``).
+        items: the backend's prepared items, one per input, which go through the batch queue.
+    """
+
+    inputs: list[Any]
     meta: dict[str, Any] = field(default_factory=dict)
+    items: list[Any] = field(default_factory=list)
 
 
-class ModelAdapter(Protocol):
-    """What a model family provides; see embeddings.py and image.py."""
+class WireSpec(Protocol):
+    """The HTTP half of a model: one POST route."""
 
     route: str
-    """The POST route this adapter serves, e.g. ``/v1/embeddings``."""
+    """The POST route it serves, e.g. ``/v1/embeddings``."""
+
+    decode_inline: bool
+    """Whether ``decode`` is cheap enough for the event loop on a small body (parsing JSON is;
+    base64 of many images may not be)."""
+
+    def decode(self, body: bytes, content_type: str, query: Mapping[str, str]) -> Decoded:
+        """Validate a request body and read its inputs; raise BadRequest, NotFound,
+        PayloadTooLarge or UnsupportedMediaType naming the field."""
+
+    def encode(self, outputs: list[Any], decoded: Decoded) -> dict[str, Any]:
+        """The response body for ``outputs`` (numpy arrays allowed: orjson renders them)."""
+
+    def openapi(self, max_body_bytes: int) -> Operation:
+        """Its route's operation and schemas, narrowed to this application's settings."""
+
+
+class ModelBackend(Protocol):
+    """The device half of a model."""
 
     graphs: GraphSet | None
     """The CUDA graphs ``capture_graphs`` made, or None (a CPU, or not captured)."""
 
-    decode_inline: bool
-    """Whether ``decode`` is cheap enough to run on the event loop for a small body (tens of
-    microseconds: JSON and a tokenizer call for embeddings; base64 and header checks for images
-    on the GPU decode path, which sets it in ``setup``, while Pillow's CPU decode leaves it
-    False); the replica runs it in a thread otherwise."""
+    prepare_inline: bool
+    """Whether ``prepare`` is cheap enough for the event loop on a small body (tokenizing a
+    short text is; decoding a JPEG is not). It may change in ``setup``."""
 
     def setup(self, device: torch.device) -> None:
         """Load the model onto ``device`` (real or dummy weights, per the config)."""
 
-    def decode(self, body: bytes, content_type: str, query: Mapping[str, str]) -> Decoded:
-        """Validate and decode a request body; raise BadRequest / PayloadTooLarge / NotFound."""
+    def prepare(self, inputs: Sequence[Any]) -> list[Any]:
+        """The model items for a request's raw inputs, in order; raise BadRequest naming
+        ``input[i]`` for one that cannot be served (too long, not an image)."""
 
     def predict(self, items: Sequence[Any]) -> list[Any]:
-        """Run one batch; one output per item, in order."""
-
-    def encode(self, outputs: list[Any], decoded: Decoded) -> dict[str, Any]:
-        """Turn outputs into the JSON response body (numpy arrays allowed: orjson renders
-        them)."""
+        """Run one batch; one output per item, in order (an ``ItemError`` for an item that
+        failed on its own)."""
 
     def worst_case_items(self, n: int) -> list[Any]:
-        """``n`` decoded items of the largest size a request may carry (for calibration)."""
+        """``n`` items of the largest size a request may carry (for calibration)."""
 
     def warmup_batches(self, max_batch_size: int) -> list[list[Any]]:
-        """Batches covering the shapes traffic brings, run once before serving."""
+        """Batches covering the shapes traffic brings, run before serving."""
 
     def capture_graphs(
-        self,
-        max_batch_size: int,
-        budget_s: float | None = None,
-        limit: GraphMemoryLimit | None = None,
+        self, max_batch_size: int, budget_s: float | None, memory: GraphMemory
     ) -> GraphSet:
         """Capture the forward pass as CUDA graphs for batches up to ``max_batch_size``, for at
-        most ``budget_s`` (the rest stay pending: ``GraphSet.capture_all``), their memory within
-        ``limit`` when given (``GraphSet``); later ``predict``
-        calls replay them where a batch's shape has one (see graphs.py)."""
+        most ``budget_s`` (the rest stay pending: ``GraphSet.capture_all``), within
+        ``memory``'s limit; later ``predict`` calls replay them where a batch's shape has one."""
 
     def describe(self) -> dict[str, Any]:
         """What ``GET /v1/models`` shows about this model."""
+
+    def report(self) -> dict[str, Any]:
+        """Figures of its own for the replica's report (e.g. where its setup time went)."""
+
+
+@dataclass
+class Model:
+    """What a replica serves: a wire spec and a model backend.
+
+    Attributes:
+        name: the model's name (``args.model_name``).
+        spec: the HTTP half.
+        backend: the device half.
+    """
+
+    name: str
+    spec: WireSpec
+    backend: ModelBackend
+
+    @property
+    def decode_inline(self) -> bool:
+        """Whether a small body decodes on the event loop (both halves' steps are cheap)."""
+        return self.spec.decode_inline and self.backend.prepare_inline
+
+    def decode(self, body: bytes, content_type: str, query: Mapping[str, str]) -> Decoded:
+        """The spec's decode, then the backend's ``prepare`` of its inputs into ``items``."""
+        decoded = self.spec.decode(body, content_type, query)
+        decoded.items = self.backend.prepare(decoded.inputs)
+        return decoded
+
+    def encode(self, outputs: list[Any], decoded: Decoded) -> dict[str, Any]:
+        return self.spec.encode(outputs, decoded)
+
+
+class Family(Protocol):
+    """A model family's package."""
+
+    def build(self, args: AppArgs) -> Model:
+        """The model for an application's args; nothing touches a device yet."""
+
+    def outside_torch_hook(self, args: AppArgs) -> OutsideTorchHook | None:
+        """The backend's start-up hook for memory it keeps outside torch (serve_app.gpu.capping
+        calls it after the CUDA context, before the cap), or None when it keeps none."""
 
 
 def pow2_sizes(limit: int) -> list[int]:
@@ -89,17 +162,6 @@ def resolve_dtype(args: AppArgs, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[
         args.dtype
     ]
-
-
-def make_adapter(args: AppArgs) -> ModelAdapter:
-    """The adapter for ``args.adapter``."""
-    if args.adapter == "embeddings":
-        from serve_app.adapters.embeddings.adapter import EmbeddingAdapter
-
-        return EmbeddingAdapter(args)
-    from serve_app.adapters.image.adapter import ImageClassifierAdapter
-
-    return ImageClassifierAdapter(args)
 
 
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:

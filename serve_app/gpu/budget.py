@@ -17,20 +17,21 @@ and ``num_gpus: 0.25``::
                                                                              allocator cache)
     torch_fraction  = 36,900,000,000 / 150,000,000,000     = 0.246
 
-``plan_budget`` does this arithmetic, ``check_free_memory`` fails fast at start-up when the GPU
-cannot hold the budget, ``MemorySnapshot`` reports the figures, and ``should_free_cache`` decides
-whether to hand cached blocks back between batches. OOM recovery lives in
-``serve_app.serving.oom`` and
-batch-size calibration in ``serve_app.gpu.calibrate``.
+``plan_budget`` does this arithmetic, ``check_free_memory`` and ``fit_cap_to_device`` fail fast
+at start-up when the GPU cannot hold the budget, and ``should_free_cache`` decides whether to hand
+cached blocks back between batches. serve_app.gpu.snapshot takes the readings, OOM recovery lives
+in serve_app.serving.oom and batch-size calibration in serve_app.gpu.calibrate.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-import torch
+logger = logging.getLogger("serve_app")
 
 __all__ = [
     "CachePolicy",
@@ -38,11 +39,13 @@ __all__ = [
     "InsufficientGpuMemoryError",
     "MemoryBudget",
     "MemoryConfigError",
-    "MemorySnapshot",
+    "cap_to_limit",
     "check_free_memory",
+    "fit_cap_to_device",
     "format_bytes",
     "plan_budget",
     "should_free_cache",
+    "startup_tolerance_bytes",
 ]
 
 _GIB = 1 << 30
@@ -211,52 +214,57 @@ def check_free_memory(free_bytes: int, own_bytes: int, budget: MemoryBudget, gpu
     )
 
 
-@dataclass(frozen=True)
-class MemorySnapshot:
-    """Memory figures of this process on one device at one moment.
+def startup_tolerance_bytes(total_bytes: int) -> int:
+    """How far below its cap a device's free memory may be at start-up and still pass.
 
-    Attributes:
-        allocated_bytes: bytes in live tensors (``torch.cuda.memory_allocated``).
-        reserved_bytes: bytes the caching allocator holds, live or cached
-            (``torch.cuda.memory_reserved``); this is what the torch cap counts.
-        peak_allocated_bytes: high-water mark of ``allocated_bytes`` since the last reset.
-        peak_reserved_bytes: high-water mark of ``reserved_bytes`` since the last reset.
-        nvml_process_bytes: what NVML reports for this process, or None when unknown.
-        non_torch_bytes: ``nvml_process_bytes - reserved_bytes`` (CUDA context, other
-            libraries), or None when NVML is unknown.
+    A device never has its whole total free: the driver and tools hold some of it even when idle
+    (9,240,576 bytes on an idle H200 here), so a replica with ``num_gpus: 1`` would always fail a
+    strict check. Up to 0.5 % of the device (about 0.7 GiB on an H200) the cap is lowered to what
+    is free instead; beyond that the replica fails with the message that names the fix.
     """
+    return total_bytes // 200
 
-    allocated_bytes: int
-    reserved_bytes: int
-    peak_allocated_bytes: int
-    peak_reserved_bytes: int
-    nvml_process_bytes: int | None
-    non_torch_bytes: int | None
 
-    @classmethod
-    def measure(cls, device: torch.device | str, nvml_process_bytes: int | None) -> MemorySnapshot:
-        """Read torch's allocator figures for ``device``; on a non-CUDA device they are zero.
+def fit_cap_to_device(
+    budget: MemoryBudget, free_bytes: int, own_bytes: int, gpu_uuid: str
+) -> MemoryBudget:
+    """``budget`` if the device can hold its cap; a cap lowered to the available bytes when it
+    falls short by at most ``startup_tolerance_bytes`` (logged); else InsufficientGpuMemoryError."""
+    available = free_bytes + own_bytes
+    short = budget.cap_bytes - available
+    if short <= 0 or short > startup_tolerance_bytes(budget.device_total_bytes):
+        check_free_memory(free_bytes, own_bytes, budget, gpu_uuid)
+        return budget
+    lowered = plan_budget(
+        budget.num_gpus,
+        budget.device_total_bytes,
+        budget.overhead_bytes,
+        available / budget.device_total_bytes,
+    )
+    logger.warning(
+        "GPU %s: %s is available, %s short of this replica's cap of %s (held outside it); "
+        "cap lowered to %s",
+        gpu_uuid,
+        format_bytes(available),
+        format_bytes(short),
+        format_bytes(budget.cap_bytes),
+        format_bytes(lowered.cap_bytes),
+    )
+    return lowered
 
-        NVML is read elsewhere (``serve_app.gpu.nvml``); pass its per-process figure, or None.
-        """
-        dev = torch.device(device)
-        if dev.type == "cuda":
-            allocated_bytes = torch.cuda.memory_allocated(dev)
-            reserved_bytes = torch.cuda.memory_reserved(dev)
-            peak_allocated_bytes = torch.cuda.max_memory_allocated(dev)
-            peak_reserved_bytes = torch.cuda.max_memory_reserved(dev)
-        else:
-            allocated_bytes = reserved_bytes = peak_allocated_bytes = peak_reserved_bytes = 0
-        return cls(
-            allocated_bytes=allocated_bytes,
-            reserved_bytes=reserved_bytes,
-            peak_allocated_bytes=peak_allocated_bytes,
-            peak_reserved_bytes=peak_reserved_bytes,
-            nvml_process_bytes=nvml_process_bytes,
-            non_torch_bytes=(
-                None if nvml_process_bytes is None else nvml_process_bytes - reserved_bytes
-            ),
-        )
+
+def cap_to_limit(budget: MemoryBudget, limit_bytes: int) -> MemoryBudget:
+    """``budget`` with its cap no higher than the MPS limit (which is sized from NVML's usable
+    bytes, rounded down to MiB): the driver refuses past the limit, so the plan must too."""
+    if limit_bytes >= budget.cap_bytes:
+        return budget
+    torch_cap = max(0, limit_bytes - budget.overhead_bytes)
+    return dataclasses.replace(
+        budget,
+        cap_bytes=limit_bytes,
+        torch_cap_bytes=torch_cap,
+        torch_fraction=torch_cap / budget.device_total_bytes,
+    )
 
 
 def should_free_cache(

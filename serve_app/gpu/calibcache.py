@@ -25,12 +25,15 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from serve_app import env
+from serve_app.config.args import AppArgs
 from serve_app.gpu.calibrate import CalibrationResult
+from serve_app.gpu.partition import Partition
 
 logger = logging.getLogger("serve_app")
 
@@ -77,14 +80,19 @@ class CacheEntry:
         return cls(directory / key_file_name(key), key)
 
 
-def replica_key(args: Any, adapter: Any, partition: Any, limit: int) -> dict[str, Any]:
-    """The key of a replica on a GPU (``partition.budget`` set), for a search up to ``limit``."""
+def replica_key(
+    args: AppArgs, described: Mapping[str, Any], partition: Partition, limit: int
+) -> dict[str, Any]:
+    """The key of a replica on a GPU (``partition.budget`` set), for a search up to ``limit``;
+    ``described`` is the model backend's ``describe()`` (its token limit in force, its
+    architecture)."""
     import torch
 
     import serve_app
     from serve_app.gpu.graphs import graph_batch_limit
 
     budget = partition.budget
+    assert budget is not None, "calibration runs on a GPU partition"
     return build_key(
         format=FORMAT,
         serve_app_version=serve_app.__version__,
@@ -96,10 +104,10 @@ def replica_key(args: Any, adapter: Any, partition: Any, limit: int) -> dict[str
         model_name=args.model_name,
         model_path=args.model_path,
         load_format=args.load_format,
-        arch=args.arch if args.adapter == "image-classification" else None,
+        arch=described.get("arch"),
         dtype=args.dtype,
         max_input_tokens=args.max_input_tokens,
-        max_tokens=getattr(adapter, "max_tokens", None),  # the limit in force, model's own too
+        max_tokens=described.get("max_input_tokens"),  # the limit in force, model's own too
         image_size=args.image_size,
         max_image_pixels=args.max_image_pixels,
         image_decode=args.image_decode,

@@ -36,6 +36,7 @@ import torch
 
 if TYPE_CHECKING:
     from serve_app.config.args import AppArgs
+    from serve_app.gpu.snapshot import DeviceMemory
 
 logger = logging.getLogger("serve_app")
 
@@ -115,29 +116,33 @@ class GraphCaptureError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class GraphMemoryLimit:
-    """What a replica's CUDA graphs may cost: ``limit_bytes`` in all, their pool and the
-    memory that capturing adds outside torch (kernels loaded on first launch, each graph's own
-    device memory), the latter read from ``outside_torch_bytes`` (``Partition``'s reading)."""
+class GraphMemory:
+    """Where a replica's CUDA graphs take their memory, and what they may cost.
 
-    limit_bytes: int
+    Attributes:
+        memory: the device's readings and cache frees (the partition's ``DeviceMemory``).
+        limit_bytes: what the graphs may cost in all: their pool and what capturing adds
+            outside torch (kernels loaded on first launch, each graph's own device memory);
+            None for no limit.
+        outside_torch_bytes: the reading of the process's memory outside torch that counts the
+            latter (``Partition.outside_torch_bytes``), or None.
+    """
+
+    memory: DeviceMemory
+    limit_bytes: int | None = None
     outside_torch_bytes: Callable[[], int | None] | None = None
 
 
 class GraphSet:
     """CUDA graphs of ``forward`` keyed by shape; see the module docstring."""
 
-    def __init__(
-        self,
-        forward: Callable[..., Tensors],
-        device: torch.device,
-        limit: GraphMemoryLimit | None = None,
-    ):
+    def __init__(self, forward: Callable[..., Tensors], memory: GraphMemory):
         self.forward = forward
-        self.device = device
+        self.memory = memory.memory
+        self.device = memory.memory.device
         # What the captures may cost in all; a shape that would take them past it is not
         # captured and runs eagerly (``over_limit``).
-        self.limit = limit
+        self.limit = memory
         self._outside_start: int | None = None  # bytes outside torch before the first capture
         self.outside_torch_bytes = 0  # what the captures added outside torch (``limit``)
         self._graphs: dict[Hashable, _Captured] = {}
@@ -159,7 +164,7 @@ class GraphSet:
         loaded on first launch, the graphs' own device memory): the growth of the limit's
         reading since the first capture, kept in ``outside_torch_bytes``; unchanged without a
         reading."""
-        read = self.limit.outside_torch_bytes if self.limit else None
+        read = self.limit.outside_torch_bytes
         outside = read() if read is not None else None
         if outside is None:
             return self.outside_torch_bytes
@@ -190,9 +195,9 @@ class GraphSet:
         """
         t0 = time.perf_counter()
         try:
-            torch.cuda.empty_cache()
+            self.memory.free_cache()
             outside = self._outside_torch_bytes()
-            before = torch.cuda.memory_reserved(self.device)
+            before = self.memory.reserved_bytes()
             static = tuple(t.clone() for t in example)
             stream = side_stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -200,21 +205,22 @@ class GraphSet:
                 for _ in range(CAPTURE_WARMUP_RUNS):
                     self.forward(*static)
             torch.cuda.current_stream(self.device).wait_stream(stream)
-            torch.cuda.synchronize(self.device)
-            need = torch.cuda.memory_reserved(self.device) - before
+            self.memory.synchronize()
+            need = self.memory.reserved_bytes() - before
             projected = max(self.pool_bytes, need) + outside
-            if self.limit is not None and projected > self.limit.limit_bytes:
+            limit_bytes = self.limit.limit_bytes
+            if limit_bytes is not None and projected > limit_bytes:
                 del static
-                torch.cuda.empty_cache()
+                self.memory.free_cache()
                 self.capture_s += time.perf_counter() - t0
                 raise GraphCaptureError(
                     f"capturing shape {key!r} would bring the graphs' memory to about "
-                    f"{projected} bytes, past their limit of {self.limit.limit_bytes}",
+                    f"{projected} bytes, past their limit of {limit_bytes}",
                     over_limit=True,
                 )
             # The warm-up's blocks would stay cached outside the graphs' pool: give them back
             # so that, under the replica's cap, the capture can take the same room.
-            torch.cuda.empty_cache()
+            self.memory.free_cache()
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
@@ -235,14 +241,14 @@ class GraphSet:
             finally:
                 if gc_was_on:
                     gc.enable()
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()
-            self.pool_bytes += torch.cuda.memory_reserved(self.device) - before
+            self.memory.synchronize()
+            self.memory.free_cache()
+            self.pool_bytes += self.memory.reserved_bytes() - before
             self._outside_torch_bytes()
         except GraphCaptureError:
             raise
         except Exception as exc:  # noqa: BLE001 - any capture failure, named for the user
-            from serve_app.serving.oom import is_torch_oom
+            from serve_app.gpu.snapshot import is_torch_oom
 
             raise GraphCaptureError(
                 f"capturing shape {key!r}: {type(exc).__name__}: {str(exc)[:300]}",
@@ -297,7 +303,7 @@ class GraphSet:
                 self._pending.clear()
                 raise
             self.skipped.append(key)
-            torch.cuda.empty_cache()
+            self.memory.free_cache()
         return bool(self._pending)
 
     def want(self, key: Hashable) -> None:
@@ -344,7 +350,7 @@ class GraphSet:
             "pending": len(self._pending),
             "skipped_out_of_memory": len(self.skipped),
             "skipped_over_limit": len(self.over_limit),
-            "limit_bytes": self.limit.limit_bytes if self.limit else None,
+            "limit_bytes": self.limit.limit_bytes,
             "outside_torch_bytes": self.outside_torch_bytes,
             "capture_s": round(self.capture_s, 3),
             "pool_bytes": self.pool_bytes,

@@ -43,12 +43,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from serve_app import env
 from serve_app.config.args import Enforcement
 from serve_app.errors import StartupError
-from serve_app.gpu import nvml
+from serve_app.gpu import devices, nvml
 
 logger = logging.getLogger("serve_app")
 
@@ -283,13 +282,6 @@ class ClientPlan:
     pipe_dir: str
     gpu_uuid: str
 
-    def report(self) -> dict[str, Any]:
-        return {
-            "mps_limit_bytes": self.limit_bytes,
-            "mps_thread_percentage": self.thread_percentage,
-            "mps_pipe_dir": self.pipe_dir,
-        }
-
 
 def _visible_gpu() -> str:
     """The one GPU Ray gave this process, as CUDA_VISIBLE_DEVICES names it."""
@@ -338,7 +330,7 @@ def plan_client(
             + TORCH_HINT
         )
     visible = _visible_gpu()
-    memory = nvml.device_memory_for_visible(visible)
+    memory = devices.device_memory_for_visible(visible)
     if isinstance(memory, nvml.NvmlError):
         raise StartupError(
             f"cannot read GPU {visible!r}'s memory through NVML to size the MPS limit: "

@@ -5,25 +5,21 @@ or ``OSError`` when the library is missing) into an ``NvmlError`` *value*: calle
 results and never an exception. NVML is initialised lazily on first use and shut down at exit.
 
 Devices are addressed by UUID (``"GPU-xxxxxxxx-xxxx-..."``), never by NVML index: Ray rewrites
-``CUDA_VISIBLE_DEVICES``, so torch's device 0 is not NVML's device 0. ``uuid_for_torch_device``
-maps a torch device to its NVML UUID.
+``CUDA_VISIBLE_DEVICES``, so torch's device 0 is not NVML's device 0 (serve_app.gpu.devices maps
+one to the other).
 
-Readings come from a source: the real driver (``NvmlSource``) or, for tests on machines without
-a GPU, a ``ScriptedSource`` that replays readings from a JSON file. The scripted source is
-switched on by the ``SERVE_APP_FAKE_NVML`` environment variable (a path), or in-process with
-``set_source``. Nothing happens at import.
+Readings come from a source: the driver (``NvmlSource``), or in tests a script that replays
+readings (serve_app.testing.nvml), switched on by ``SERVE_APP_FAKE_NVML`` (serve_app.env.doubles)
+or in-process with ``set_source``. Nothing happens at import.
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
@@ -36,23 +32,18 @@ __all__ = [
     "NvmlErrorKind",
     "NvmlSource",
     "ReadingSource",
-    "ScriptedSource",
     "all_devices",
     "device_memory",
-    "format_uuid",
     "get_source",
     "is_scripted",
-    "device_memory_for_visible",
     "mps_blockers",
     "mps_client_pids",
     "process_used_bytes",
     "processes",
     "set_source",
-    "uuid_for_torch_device",
 ]
 
-FAKE_NVML_VAR = "SERVE_APP_FAKE_NVML"
-"""Environment variable: path of a JSON script that stands in for NVML (see ScriptedSource)."""
+FAKE_NVML_VAR = env.FAKE_NVML_VAR
 
 T = TypeVar("T")
 
@@ -96,13 +87,21 @@ class GpuMemory:
 
 
 class ReadingSource(Protocol):
-    """Where readings come from: the driver, or a script in tests."""
+    """Where readings come from: the driver, or a script in tests (``scripted`` True)."""
+
+    scripted: bool
 
     def device_memory(self, uuid: str) -> GpuMemory | NvmlError: ...
 
     def all_devices(self) -> list[GpuMemory] | NvmlError: ...
 
     def process_used_bytes(self, pid: int, uuid: str) -> int | None | NvmlError: ...
+
+    def processes(self, uuid: str) -> dict[int, int] | NvmlError: ...
+
+    def mps_client_pids(self, uuid: str) -> set[int] | NvmlError: ...
+
+    def mps_blockers(self) -> list[str] | NvmlError: ...
 
 
 # NVML return codes (nvml.h) -> our kinds. Numbers, not pynvml constants, so a fake module
@@ -158,6 +157,8 @@ def _name(fn: Callable[..., Any] | str) -> str:
 
 class NvmlSource:
     """Readings from the NVIDIA driver through pynvml (nvidia-ml-py)."""
+
+    scripted = False
 
     def __init__(self, importer: Callable[[], ModuleType] = _import_pynvml) -> None:
         self._importer = importer
@@ -326,154 +327,6 @@ def _as_str(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-class ScriptedSource:
-    """Readings replayed from a JSON script, standing in for NVML on machines without a GPU.
-
-    The file is re-read whenever it changes, so a test may also rewrite it while running::
-
-        {
-          "t0_unix_s": 1700000000.0,          # optional; default: the first reading's time
-          "devices": {"GPU-00000000-0000-0000-0000-000000000001": {"total_bytes": 1000}},
-          "steps": [
-            {"at_s": 0,  "devices": {"GPU-...01": {"free_bytes": 900, "used_bytes": 100}},
-                         "processes": {"1234": {"GPU-...01": 80}}},
-            {"at_s": 30, "devices": {"GPU-...01": {"error": "gpu_lost"}}},
-            {"at_s": 60, "error": "library_not_found"}
-          ]
-        }
-
-    The step in force is the last one with ``at_s <= now - t0``. A device missing from that step
-    keeps its previous figures; ``error`` (a ``NvmlErrorKind`` value) fails a device or, at
-    step level, every reading. A malformed script gives ``NvmlError(kind=SCRIPT)``.
-    """
-
-    def __init__(self, path: str | Path, clock: Callable[[], float] = time.time) -> None:
-        self._path = Path(path)
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._mtime_ns: int | None = None
-        self._script: dict[str, Any] = {}
-        self._t0_s: float | None = None
-
-    def _load(self) -> dict[str, Any] | NvmlError:
-        try:
-            mtime_ns = self._path.stat().st_mtime_ns
-            if mtime_ns != self._mtime_ns:
-                script = json.loads(self._path.read_text())
-                if not isinstance(script, dict):
-                    raise ValueError("the script must be a JSON object")
-                self._script, self._mtime_ns = script, mtime_ns
-        except (OSError, ValueError) as exc:
-            return NvmlError(NvmlErrorKind.SCRIPT, f"NVML script {self._path}: {exc}")
-        return self._script
-
-    def _state(self) -> tuple[dict[str, dict[str, Any]], dict[str, Any]] | NvmlError:
-        """Devices (figures merged over the steps so far) and the step in force."""
-        with self._lock:
-            script = self._load()
-            if isinstance(script, NvmlError):
-                return script
-            now_s = self._clock()
-            if self._t0_s is None:
-                self._t0_s = float(script.get("t0_unix_s", now_s))
-            t0_s = float(script.get("t0_unix_s", self._t0_s))
-        try:
-            devices = {u: dict(d) for u, d in dict(script.get("devices", {})).items()}
-            current: dict[str, Any] = {}
-            steps = sorted(script.get("steps", []), key=lambda s: float(s.get("at_s", 0.0)))
-            for step in steps:
-                if float(step.get("at_s", 0.0)) > now_s - t0_s:
-                    break
-                current = step
-                for uuid, figures in dict(step.get("devices", {})).items():
-                    devices.setdefault(uuid, {})
-                    devices[uuid].pop("error", None)
-                    devices[uuid].update(figures)
-        except (AttributeError, TypeError, ValueError) as exc:
-            return NvmlError(NvmlErrorKind.SCRIPT, f"NVML script {self._path}: {exc}")
-        if "error" in current:
-            return _scripted_error(current["error"], "all devices")
-        return devices, current
-
-    def _device(self, uuid: str, figures: dict[str, Any]) -> GpuMemory | NvmlError:
-        if "error" in figures:
-            return _scripted_error(figures["error"], uuid)
-        try:
-            total = int(figures["total_bytes"])
-            free = int(figures.get("free_bytes", total))
-            reserved = int(figures.get("reserved_bytes", 0))
-            used = int(figures.get("used_bytes", total - free - reserved))
-        except (KeyError, TypeError, ValueError) as exc:
-            return NvmlError(NvmlErrorKind.SCRIPT, f"NVML script {self._path}: {uuid}: {exc!r}")
-        return GpuMemory(uuid, total, free, used, reserved)
-
-    def device_memory(self, uuid: str) -> GpuMemory | NvmlError:
-        state = self._state()
-        if isinstance(state, NvmlError):
-            return state
-        devices, _ = state
-        if uuid not in devices:
-            return NvmlError(NvmlErrorKind.NOT_FOUND, f"no GPU with UUID {uuid} in the script")
-        return self._device(uuid, devices[uuid])
-
-    def all_devices(self) -> list[GpuMemory] | NvmlError:
-        state = self._state()
-        if isinstance(state, NvmlError):
-            return state
-        out: list[GpuMemory] = []
-        for uuid, figures in sorted(state[0].items()):
-            memory = self._device(uuid, figures)
-            if isinstance(memory, NvmlError):
-                return memory
-            out.append(memory)
-        return out
-
-    def process_used_bytes(self, pid: int, uuid: str) -> int | None | NvmlError:
-        state = self._state()
-        if isinstance(state, NvmlError):
-            return state
-        devices, step = state
-        if uuid not in devices:
-            return NvmlError(NvmlErrorKind.NOT_FOUND, f"no GPU with UUID {uuid} in the script")
-        if "error" in devices[uuid]:
-            return _scripted_error(devices[uuid]["error"], uuid)
-        used = dict(step.get("processes", {})).get(str(pid), {}).get(uuid)
-        return None if used is None else int(used)
-
-    def processes(self, uuid: str) -> dict[int, int] | NvmlError:
-        state = self._state()
-        if isinstance(state, NvmlError):
-            return state
-        devices, step = state
-        if uuid not in devices:
-            return NvmlError(NvmlErrorKind.NOT_FOUND, f"no GPU with UUID {uuid} in the script")
-        return {
-            int(pid): int(per_gpu[uuid])
-            for pid, per_gpu in dict(step.get("processes", {})).items()
-            if uuid in per_gpu
-        }
-
-    def mps_client_pids(self, uuid: str) -> set[int] | NvmlError:
-        state = self._state()
-        if isinstance(state, NvmlError):
-            return state
-        return {int(p) for p in dict(state[1].get("mps_clients", {})).get(uuid, [])}
-
-    def mps_blockers(self) -> list[str] | NvmlError:
-        state = self._state()
-        if isinstance(state, NvmlError):
-            return state
-        return [str(r) for r in state[1].get("mps_blockers", [])]
-
-
-def _scripted_error(kind: Any, where: str) -> NvmlError:
-    try:
-        parsed = NvmlErrorKind(str(kind))
-    except ValueError:
-        parsed = NvmlErrorKind.UNKNOWN
-    return NvmlError(parsed, f"scripted NVML error {kind!r} for {where}")
-
-
 _source_lock = threading.Lock()
 _source: ReadingSource | None = None
 
@@ -486,19 +339,24 @@ def set_source(source: ReadingSource | None) -> None:
 
 
 def get_source() -> ReadingSource:
-    """The source in use: one set with ``set_source``, else a ``ScriptedSource`` when
-    ``SERVE_APP_FAKE_NVML`` names a script, else the driver. Chosen on first use."""
+    """The source in use: one set with ``set_source``, else the NVML script that
+    ``SERVE_APP_FAKE_NVML`` names (tests), else the driver. Chosen on first use."""
     global _source
     with _source_lock:
         if _source is None:
-            script = env.get(FAKE_NVML_VAR)
-            _source = ScriptedSource(script) if script else NvmlSource()
+            script = env.doubles().nvml_script
+            if script:
+                from serve_app.testing.nvml import ScriptedSource
+
+                _source = ScriptedSource(script)
+            else:
+                _source = NvmlSource()
         return _source
 
 
 def is_scripted() -> bool:
-    """Whether readings in this process come from a ``ScriptedSource`` (tests, CPU machines)."""
-    return isinstance(get_source(), ScriptedSource)
+    """Whether readings in this process come from a script (tests, CPU machines)."""
+    return get_source().scripted
 
 
 def device_memory(uuid: str) -> GpuMemory | NvmlError:
@@ -518,128 +376,21 @@ def process_used_bytes(pid: int, uuid: str) -> int | None | NvmlError:
     return get_source().process_used_bytes(pid, uuid)
 
 
-def _optional(name: str) -> Callable[..., Any] | NvmlError:
-    fn = getattr(get_source(), name, None)
-    if fn is None:
-        return NvmlError(NvmlErrorKind.NOT_SUPPORTED, f"this reading source has no {name}")
-    return fn  # type: ignore[no-any-return]
-
-
 def processes(uuid: str) -> dict[int, int] | NvmlError:
     """Bytes per PID of every process with a context on this GPU (MPS clients included)."""
-    fn = _optional("processes")
-    return fn if isinstance(fn, NvmlError) else fn(uuid)
+    return get_source().processes(uuid)
 
 
 def mps_client_pids(uuid: str) -> set[int] | NvmlError:
     """The PIDs NVML lists as MPS clients of this GPU (empty without an MPS server)."""
-    fn = _optional("mps_client_pids")
-    return fn if isinstance(fn, NvmlError) else fn(uuid)
+    return get_source().mps_client_pids(uuid)
 
 
 def mps_blockers() -> list[str] | NvmlError:
     """Why MPS cannot run on this node (no GPU, MIG, a prohibited compute mode); empty if it can."""
-    fn = _optional("mps_blockers")
-    return fn if isinstance(fn, NvmlError) else fn()
+    return get_source().mps_blockers()
 
 
-def device_memory_for_visible(visible: str) -> GpuMemory | NvmlError:
-    """The memory of the GPU that one CUDA_VISIBLE_DEVICES entry names (an index, or a UUID or
-    its prefix), read without initialising CUDA. Indices follow NVML's (PCI bus) order, which
-    is CUDA's on a node of identical GPUs, the case Ray's GPU ids assume."""
-    devices = all_devices()
-    if isinstance(devices, NvmlError):
-        return devices
-    if visible.isdigit():
-        index = int(visible)
-        if index < len(devices):
-            return devices[index]
-    else:
-        matches = [d for d in devices if d.uuid.startswith(visible)]
-        if len(matches) == 1:
-            return matches[0]
-    return NvmlError(NvmlErrorKind.NOT_FOUND, f"no single GPU matches {visible!r}")
-
-
-def count_visible(visible: str | None, uuids: list[str]) -> int:
-    """How many of the GPUs with these NVML UUIDs (in NVML's index order) CUDA gives a
-    process whose CUDA_VISIBLE_DEVICES is ``visible`` (None: unset, all of them). Each entry
-    is an index or a UUID (or its unique prefix); CUDA stops at the first entry that names no
-    GPU, and names each GPU once."""
-    if visible is None:
-        return len(uuids)
-    seen: set[int] = set()
-    for entry in (e.strip() for e in visible.split(",")):
-        if entry.isdigit():
-            index = int(entry)
-        else:
-            matches = [i for i, u in enumerate(uuids) if entry and u.startswith(entry)]
-            index = matches[0] if len(matches) == 1 else len(uuids)
-        if index >= len(uuids) or index in seen:
-            break
-        seen.add(index)
-    return len(seen)
-
-
-def visible_cuda_devices(visible: str | None, driver: NvmlSource | None = None) -> int | NvmlError:
-    """How many GPUs CUDA would give a process with CUDA_VISIBLE_DEVICES ``visible``, read from
-    the driver through NVML without importing torch or initialising CUDA (``count_visible``).
-    Always the driver's GPUs (``driver``, default the process's NvmlSource), never a scripted
-    source's: this decides whether there is a GPU at all."""
-    if driver is None:
-        source = get_source()
-        driver = source if isinstance(source, NvmlSource) else NvmlSource()
-    devices = driver.all_devices()
-    if isinstance(devices, NvmlError):
-        return devices
-    return count_visible(visible, [d.uuid for d in devices])
-
-
-def format_uuid(raw: object) -> str:
-    """NVML's UUID string (``"GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"``) for a torch UUID.
-
-    Accepts ``torch.cuda.get_device_properties(i).uuid`` (a ``_CUuuid`` whose ``str`` is the
-    bare UUID), a bare UUID string, or 16 raw bytes. Strings that already carry NVML's ``GPU-``
-    or ``MIG-`` prefix come back unchanged.
-    """
-    if isinstance(raw, bytes | bytearray) and len(raw) == 16:
-        hexed = bytes(raw).hex()
-        text = f"{hexed[:8]}-{hexed[8:12]}-{hexed[12:16]}-{hexed[16:20]}-{hexed[20:]}"
-    else:
-        text = _as_str(raw) if isinstance(raw, str | bytes) else str(raw)
-    text = text.strip()
-    if text.startswith(("GPU-", "MIG-")):
-        return text
-    return f"GPU-{text.lower()}"
-
-
-def uuid_for_torch_device(index: int) -> str | None:
-    """The NVML UUID of torch's CUDA device ``index`` (as seen through CUDA_VISIBLE_DEVICES),
-    or ``None`` when there is no such device in this process.
-
-    Under a scripted source (CPU machines, logical Ray GPUs) the script's devices, sorted by
-    UUID, play the physical GPUs: ``CUDA_VISIBLE_DEVICES`` (which Ray sets) picks among them.
-    """
-    source = get_source()
-    if isinstance(source, ScriptedSource):
-        return _scripted_uuid(source, index)
-    import torch
-
-    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
-        return None
-    return format_uuid(torch.cuda.get_device_properties(index).uuid)
-
-
-def _scripted_uuid(source: ScriptedSource, index: int) -> str | None:
-    devices = source.all_devices()
-    if isinstance(devices, NvmlError):
-        return None
-    visible = (env.get("CUDA_VISIBLE_DEVICES") or "").strip()
-    try:
-        order = [int(v) for v in visible.split(",") if v.strip()] if visible else None
-    except ValueError:
-        return None
-    physical = order[index] if order is not None and index < len(order) else index
-    if order is not None and index >= len(order):
-        return None
-    return devices[physical].uuid if 0 <= physical < len(devices) else None
+def value(result: T | NvmlError) -> T | None:
+    """A reading's value, or None where NVML failed."""
+    return None if isinstance(result, NvmlError) else result

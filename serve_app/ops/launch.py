@@ -67,9 +67,9 @@ def gpu_count() -> int:
     not torch: importing torch alone took 1.9 to 2.5 s on the H200 host, and ``serve-app run``
     decides this before Ray starts, so every cold start waited for it. Where NVML cannot be
     read (no NVIDIA driver), torch answers."""
-    from serve_app.gpu import nvml
+    from serve_app.gpu import devices, nvml
 
-    count = nvml.visible_cuda_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    count = devices.visible_cuda_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
     if not isinstance(count, nvml.NvmlError):
         return count
     import torch

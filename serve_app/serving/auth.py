@@ -19,10 +19,17 @@ from collections.abc import Iterable, Mapping
 
 from serve_app.errors import Unauthorized
 
-# Routes that need a key when keys are configured. /healthz and /readyz stay open for probes;
-# /openapi.json and /docs stay open so that clients can discover the scheme (they name no
-# secret: the same routes and schemas every serve_app serves).
-PROTECTED_PATHS = frozenset({"/v1/embeddings", "/v1/classify", "/v1/memory", "/v1/models"})
+# Routes beside the inference routes that need a key when keys are configured. /healthz and
+# /readyz stay open for probes; /openapi.json and /docs stay open so that clients can discover
+# the scheme (they name no secret: the same routes and schemas every serve_app serves).
+PROTECTED_COMMON_PATHS = frozenset({"/v1/memory", "/v1/models"})
+
+
+def protected_paths(inference_routes: Iterable[str]) -> frozenset[str]:
+    """The routes that need a key when keys are configured: every inference route (a family's
+    route this application does not serve too, so that it answers 401 before its 404) and
+    PROTECTED_COMMON_PATHS."""
+    return PROTECTED_COMMON_PATHS | frozenset(inference_routes)
 
 
 def _digest(value: bytes) -> bytes:

@@ -1,16 +1,14 @@
 """The replica's HTTP edge: a small ASGI app with exact-path routing, JSON rendered by orjson,
 and our errors turned into JSON bodies without tracebacks.
 
-Why not FastAPI's router: profiled on a loaded replica (docs/benchmarks.md), FastAPI's
-routing, dependency solving and its middleware stack (exception, body-limit, telemetry and
-exit-stack middleware) took about 16% of the event loop's samples per request, more than the
-whole embeddings path. serve_app's routes are a fixed handful of exact paths, so a dict lookup
-does the routing; Starlette's Request and Response do the rest. The OpenAPI document is built
-from pydantic models in ``openapi.py`` and served at ``/openapi.json`` and ``/docs``.
+Why not FastAPI's router: its routing, dependency solving and middleware stack cost more of a
+loaded replica's event loop than the whole embeddings path (benchmarks/journal/); serve_app's
+routes are a fixed handful of exact paths, so a dict lookup does the routing, and Starlette's
+Request and Response do the rest. The OpenAPI document is built from pydantic models
+(openapi.py and each wire spec) and served at ``/openapi.json`` and ``/docs``.
 
-Why orjson: it writes numpy float32 arrays directly in the shortest form that gives the same
-float32 back, about 14x faster than ``json.dumps`` of the same floats (7.6 us against 108 us for
-one 384-float vector on the CI machine) and with fewer bytes.
+Why orjson: it writes numpy float32 arrays directly, in the shortest form that gives the same
+float32 back, an order of magnitude faster than ``json.dumps`` of the same floats.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ from serve_app.errors import (
     ServeAppError,
     Unauthorized,
 )
-from serve_app.serving.auth import PROTECTED_PATHS, ApiKeys
+from serve_app.serving.auth import ApiKeys
 
 logger = logging.getLogger("serve_app")
 
@@ -141,7 +139,7 @@ class Ingress:
         self,
         routes: Mapping[str, Mapping[str, Handler]],
         api_keys: ApiKeys | None = None,
-        protected: Collection[str] = PROTECTED_PATHS,
+        protected: Collection[str] = (),
     ):
         self.routes: dict[str, dict[str, Handler]] = {}
         for path, methods in routes.items():

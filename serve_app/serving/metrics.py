@@ -5,6 +5,7 @@ Serve adds the deployment, replica and application tags itself.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 GAUGES = {
@@ -38,7 +39,7 @@ class ReplicaMetrics:
         }
         self._counted = dict.fromkeys(COUNTERS, 0)
 
-    def update(self, report: dict[str, Any]) -> None:
+    def update(self, report: Mapping[str, Any]) -> None:
         for key, gauge in self._gauges.items():
             value = report.get(key)
             if value is not None:

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-import torch
+from serve_app.gpu.snapshot import is_torch_oom
 
 __all__ = [
     "ItemTooLarge",
@@ -48,15 +48,6 @@ class ItemTooLarge:
             f"item {self.index}{size} does not fit in this model's GPU memory budget even on "
             "its own; send a smaller input"
         )
-
-
-def is_torch_oom(exc: BaseException) -> bool:
-    """True for a CUDA out-of-memory error: ``torch.OutOfMemoryError``, or a ``RuntimeError``
-    whose message contains ``"CUDA out of memory"`` (raised by some extensions and older paths).
-    """
-    if isinstance(exc, torch.OutOfMemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and "CUDA out of memory" in str(exc)
 
 
 def lowered_batch_cap(current_cap: int, failed_batch_size: int) -> int:

@@ -45,8 +45,8 @@ NEW_WORKER_POLL_S = 0.1
 # time marks the end of the preload).
 BASE_MODULES = ("torch", "ray.serve._private.replica", "serve_app.serving.replica")
 ADAPTER_MODULES = {
-    "embeddings": ("serve_app.adapters.embeddings.adapter",),
-    "image-classification": ("serve_app.adapters.image.adapter",),
+    "embeddings": ("serve_app.adapters.embeddings",),
+    "image-classification": ("serve_app.adapters.image",),
 }
 MARKER_MODULE = "serve_app.preloaded"
 

@@ -1,8 +1,9 @@
 """Fault hooks for tests: ways to make one replica misbehave on purpose, off unless enabled.
 
-A replica serves ``POST /v1/_faults`` only when its process has ``SERVE_APP_FAULT_HOOKS=1``
-(set it through the deployment's ``ray_actor_options.runtime_env.env_vars``, which only the GPU
-tests and the fault suite do). Otherwise the path is unknown (404) like any other, and it is
+A replica mounts ``POST /v1/_faults`` (``FaultHooks.mount``) only when its process has
+``SERVE_APP_FAULT_HOOKS=1`` (serve_app.env.doubles; set it through the deployment's
+``ray_actor_options.runtime_env.env_vars``, which only the GPU tests and the fault suites do).
+Otherwise this module is never imported, the path is unknown (404) like any other, and it is
 never in the OpenAPI document. The body is JSON:
 
 - ``{"kind": "raw_alloc", "bytes": N}``: ``cuMemAlloc`` of N bytes through the driver API,
@@ -19,21 +20,29 @@ never in the OpenAPI document. The body is JSON:
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
+import logging
+import os
 import threading
+from collections.abc import Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
 from serve_app import env
 from serve_app.errors import BadRequest
+from serve_app.gpu.partition import Partition
+from serve_app.serving import poison
+from serve_app.serving.http import Handler, guarded, json_response, read_body
 
-HOOKS_VAR = "SERVE_APP_FAULT_HOOKS"
+logger = logging.getLogger("serve_app")
+HOOKS_VAR = env.FAULT_HOOKS_VAR
 PATH = "/v1/_faults"
-
-
-def enabled() -> bool:
-    """Whether this process serves the fault hooks."""
-    return env.get(HOOKS_VAR) == "1"
 
 
 @dataclass
@@ -109,3 +118,57 @@ def parse(body: Any) -> tuple[str, int]:
     if body["kind"] == "raw_alloc" and (not isinstance(nbytes, int) or nbytes <= 0):
         raise BadRequest('raw_alloc needs "bytes": a positive integer', param="bytes")
     return str(body["kind"]), int(nbytes or 0)
+
+
+class FaultHooks:
+    """The replica's ``POST /v1/_faults`` handler; each hook runs on the model thread
+    (``executor``), as a batch would."""
+
+    def __init__(
+        self,
+        partition: Partition,
+        executor: Executor,
+        replica_id: str,
+        timeout_s: float,
+        headers: Mapping[str, str],
+    ):
+        self.partition = partition
+        self.executor = executor
+        self.replica_id = replica_id
+        self.timeout_s = timeout_s
+        self.headers = headers
+        self.raw = RawAllocations()
+
+    def mount(self, routes: dict[str, dict[str, Handler]], protected: set[str]) -> None:
+        """Add the hook's route (behind auth, when keys are on)."""
+        logger.warning("fault hooks ON at %s (%s=1): tests only", PATH, HOOKS_VAR)
+        routes[PATH] = {"POST": self.handle}
+        protected.add(PATH)
+
+    async def handle(self, request: Request) -> Response:
+        return await guarded(self._handle(request), self.timeout_s)
+
+    async def _handle(self, request: Request) -> Response:
+        try:
+            body = orjson.loads(await read_body(request, 4096))
+        except orjson.JSONDecodeError:
+            body = None
+        kind, nbytes = parse(body)
+        device = self.partition.device
+        if not self.partition.on_gpu and kind != "device_assert":  # simulated on a CPU
+            raise BadRequest(f"fault hook {kind} needs a replica on a GPU", param="kind")
+        loop = asyncio.get_running_loop()
+        out: dict[str, Any] = {"kind": kind, "pid": os.getpid(), "replica_id": self.replica_id}
+        if kind == "raw_alloc":
+            out.update(await loop.run_in_executor(self.executor, self.raw.alloc, nbytes, device))
+        elif kind == "raw_free":
+            out.update(await loop.run_in_executor(self.executor, self.raw.free_all, device))
+        else:
+            try:
+                await loop.run_in_executor(self.executor, device_assert, device)
+            except Exception as exc:  # noqa: BLE001 - the hook's whole point: report it
+                # Sticky (the normal case): the process ends here, the hook's request unanswered
+                # like a batch's would be. Anything else is reported.
+                poison.exit_if_sticky(exc, "the device_assert fault hook", self.replica_id)
+                out["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        return json_response(out, headers=self.headers)

@@ -49,6 +49,7 @@ from PIL import Image
 pytest.importorskip("torchvision.io")
 
 from serve_app.adapters.image.adapter import ImageClassifierAdapter  # noqa: E402
+
 from serve_app.adapters.image.files import (  # noqa: E402
     EncodedImage,
     encoded_image,
@@ -374,12 +375,12 @@ def _warm_torch_kernels() -> None:
 
 def _memory_probe(out_path: str) -> None:
     """The start-up measurement, then the decoder's worst-case work with NVML sampled."""
-    from serve_app.gpu import nvml
+    from serve_app.gpu import devices, nvml
 
     torch.cuda.set_device(DEVICE)
     torch.zeros(1, device=DEVICE)
     torch.cuda.synchronize(DEVICE)
-    uuid = nvml.uuid_for_torch_device(0)
+    uuid = devices.uuid_for_torch_device(0)
     assert uuid is not None
     pid = os.getpid()
     source = "process"

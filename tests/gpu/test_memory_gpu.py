@@ -220,9 +220,8 @@ class Texts:
     """Texts of a given token count, measured with the same tokenizer the replicas use."""
 
     def __init__(self) -> None:
-        from transformers import AutoTokenizer
-
         from serve_app.adapters.embeddings.adapter import SKELETON_DIR, default_model_dir
+        from transformers import AutoTokenizer
 
         model_dir = default_model_dir() or SKELETON_DIR
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -978,7 +977,7 @@ def calibrate_in_process(
     from serve_app.gpu import nvml
     from serve_app.gpu.calibrate import candidate_sizes
     from serve_app.gpu.partition import Partition
-    from serve_app.serving.oom import is_torch_oom
+    from serve_app.gpu.snapshot import is_torch_oom
     from serve_app.startup.pipeline import calibrate_batch_size, capture_graphs, graph_batch_limit
 
     if nvml.is_scripted():

@@ -26,6 +26,7 @@ from serve_app.control.policy import (
     validate_policy_kwargs,
 )
 from serve_app.gpu import nvml
+from serve_app.testing.nvml import ScriptedSource
 
 GIB = 1 << 30
 NOW = 50_000.0
@@ -249,7 +250,7 @@ def test_plain_function_policy_uses_defaults() -> None:
 def test_monitor_samples_and_keeps_decisions(tmp_path: Path) -> None:
     script = tmp_path / "nvml.json"
     script.write_text(json.dumps({"devices": {UUID0: {"total_bytes": 100, "free_bytes": 60}}}))
-    nvml.set_source(nvml.ScriptedSource(script, clock=lambda: 7.0))
+    nvml.set_source(ScriptedSource(script, clock=lambda: 7.0))
     try:
         mon = monitor.GpuMonitor("node-a", clock=lambda: 7.0, ray_gpu=lambda: 0.75, start=False)
         sample = mon.sample_once()

@@ -19,6 +19,7 @@ from serve_app.control.planner import (
     plan,
 )
 from serve_app.gpu import nvml
+from serve_app.testing.nvml import ScriptedSource
 
 GIB = 1 << 30
 NOW = 1_000.0
@@ -80,7 +81,7 @@ def two_gpu_script(tmp_path: Path) -> Iterator[None]:
         "GPU-00000000-0000-4000-8000-000000000002": {"total_bytes": 80 * GIB},
     }
     script.write_text(json.dumps({"devices": devices}))
-    nvml.set_source(nvml.ScriptedSource(script))
+    nvml.set_source(ScriptedSource(script))
     try:
         yield
     finally:

@@ -458,7 +458,8 @@ def test_plain_baseline_preprocesses_exactly_like_serve_app() -> None:
     import torch
 
     from load_tests import payloads
-    from serve_app.adapters.image.adapter import ImageClassifierAdapter, to_model_input
+    from serve_app.adapters.image.backend import ImageClassifier as ImageClassifierAdapter
+    from serve_app.adapters.image.backend import to_model_input
     from serve_app.config.args import parse_args
 
     adapter = ImageClassifierAdapter(

@@ -20,14 +20,14 @@ from serve_app.startup import warmpool
 def test_preload_list_per_adapter_marker_last() -> None:
     emb = warmpool.preload_modules(["embeddings"])
     assert emb[:3] == ["torch", "ray.serve._private.replica", "serve_app.serving.replica"]
-    assert "serve_app.adapters.embeddings.adapter" in emb
+    assert "serve_app.adapters.embeddings" in emb
     # serve_app's own BERT encoder: transformers' 4 to 6 s import stays out of every worker
     assert not any(m.startswith("transformers") for m in emb)
-    assert "serve_app.adapters.image.adapter" not in emb
+    assert "serve_app.adapters.image" not in emb
     assert emb[-1] == warmpool.MARKER_MODULE
     both = warmpool.preload_modules(["image-classification", "embeddings", "image-classification"])
     assert both[-1] == warmpool.MARKER_MODULE
-    assert len(both) == len(set(both)) and "serve_app.adapters.image.adapter" in both
+    assert len(both) == len(set(both)) and "serve_app.adapters.image" in both
 
 
 def test_preload_list_imports_on_the_cpu_install() -> None:

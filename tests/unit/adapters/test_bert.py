@@ -1,5 +1,5 @@
 """serve_app's BERT encoder against transformers' BertModel, with the packaged MiniLM weights
-(and what it refuses, clearly), and the embeddings adapter's choice between the two."""
+(and what it refuses, clearly), and the embeddings backend's choice between the two."""
 
 from __future__ import annotations
 
@@ -13,12 +13,9 @@ import pytest
 import torch
 
 from serve_app.adapters.contract import load_state_dict
-from serve_app.adapters.embeddings.adapter import (
-    SKELETON_DIR,
-    EmbeddingAdapter,
-    bert,
-    default_model_dir,
-)
+from serve_app.adapters.embeddings import bert
+from serve_app.adapters.embeddings.backend import SentenceEncoder
+from serve_app.adapters.embeddings.modeldir import SKELETON_DIR, default_model_dir
 from serve_app.config.args import parse_args
 from serve_app.errors import ConfigError
 
@@ -124,7 +121,7 @@ def test_tanh_gelu_matches_transformers_gelu_new() -> None:
 
 
 def test_adapter_uses_serve_app_encoder_for_minilm_and_reports_it() -> None:
-    adapter = EmbeddingAdapter(parse_args({}))
+    adapter = SentenceEncoder(parse_args({}))
     adapter.setup(torch.device("cpu"))
     assert adapter.encoder == "serve_app"
     assert isinstance(adapter.model, bert.BertEncoder)
@@ -133,9 +130,7 @@ def test_adapter_uses_serve_app_encoder_for_minilm_and_reports_it() -> None:
 
 
 def test_dummy_weights_are_built_on_the_device_with_bert_init() -> None:
-    adapter = EmbeddingAdapter(
-        parse_args({"load_format": "dummy", "model_path": str(SKELETON_DIR)})
-    )
+    adapter = SentenceEncoder(parse_args({"load_format": "dummy", "model_path": str(SKELETON_DIR)}))
     adapter.setup(torch.device("cpu"))
     assert isinstance(adapter.model, bert.BertEncoder)
     weight = adapter.model.encoder.layer[0].attention.self.query.weight.detach()
@@ -153,7 +148,7 @@ def test_other_architectures_run_through_transformers(
     shutil.copytree(SKELETON_DIR, target)
     doc = {**config_doc(SKELETON_DIR), "position_embedding_type": "relative_key"}
     (target / "config.json").write_text(json.dumps(doc))
-    adapter = EmbeddingAdapter(parse_args({"load_format": "dummy", "model_path": str(target)}))
+    adapter = SentenceEncoder(parse_args({"load_format": "dummy", "model_path": str(target)}))
     with caplog.at_level("INFO", logger="serve_app"):
         adapter.setup(torch.device("cpu"))
     assert adapter.encoder == "transformers"
@@ -165,7 +160,7 @@ def test_other_architectures_run_through_transformers(
 def test_model_dir_without_weights_is_a_config_error(tmp_path: Path) -> None:
     target = tmp_path / "noweights"
     shutil.copytree(SKELETON_DIR, target)
-    adapter = EmbeddingAdapter(parse_args({"model_path": str(target)}))
+    adapter = SentenceEncoder(parse_args({"model_path": str(target)}))
     with pytest.raises(ConfigError) as info:
         adapter.setup(torch.device("cpu"))
     assert "args.model_path" in info.value.message and "model.safetensors" in info.value.message
@@ -178,7 +173,7 @@ def test_encoders_run_attention_without_cudnn(which: str, monkeypatch: pytest.Mo
     the process-wide flag as they found it."""
     from transformers import AutoModel
 
-    from serve_app.adapters.embeddings.adapter import HFEncoder
+    from serve_app.adapters.embeddings.backend import HFEncoder
 
     real = torch.nn.functional.scaled_dot_product_attention
     cudnn_on_at_call: list[bool] = []

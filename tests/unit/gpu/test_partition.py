@@ -7,13 +7,15 @@ from typing import Any
 import pytest
 import torch
 
-from serve_app.gpu.budget import InsufficientGpuMemoryError, plan_budget
-from serve_app.gpu.partition import (
-    Partition,
+from serve_app.gpu.budget import (
+    InsufficientGpuMemoryError,
     fit_cap_to_device,
-    resolve_device,
+    plan_budget,
     startup_tolerance_bytes,
 )
+from serve_app.gpu.capping import resolve_device
+from serve_app.gpu.partition import Partition
+from serve_app.gpu.snapshot import DeviceMemory
 
 TOTAL = 150_109_880_320  # an H200 as torch reports it
 CONTEXT = 641_728_512
@@ -70,7 +72,7 @@ def _capped(monkeypatch: pytest.MonkeyPatch, reserved: list[int], proc: list[int
         torch.cuda, "set_per_process_memory_fraction", lambda f, device=None: fractions.append(f)
     )
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    monkeypatch.setattr(Partition, "process_bytes", lambda self: proc[0])
+    monkeypatch.setattr(DeviceMemory, "process_bytes", lambda self: proc[0])
     part.fractions = fractions  # type: ignore[attr-defined]
     return part
 

@@ -1,4 +1,4 @@
-"""adapters.image (adapter and resnet): decode, preprocess, weights, predict.
+"""adapters.image (spec, backend and resnet): decode, preprocess, weights, predict, encode.
 
 No Ray. Small architectures (resnet18) and small images keep the file fast on two CPU cores.
 """
@@ -16,14 +16,10 @@ import pytest
 import torch
 from PIL import Image
 
-from serve_app.adapters.image import adapter as image_mod
-from serve_app.adapters.image.adapter import (
-    MEAN,
-    STD,
-    ImageClassifierAdapter,
-    build_model,
-    to_model_input,
-)
+from serve_app.adapters.contract import Model
+from serve_app.adapters.image import backend as image_mod
+from serve_app.adapters.image import build
+from serve_app.adapters.image.backend import MEAN, STD, build_model, to_model_input
 from serve_app.adapters.image.resnet import build_resnet
 from serve_app.config.args import parse_args
 from serve_app.errors import (
@@ -56,7 +52,7 @@ def b64(blob: bytes) -> str:
     return base64.b64encode(blob).decode()
 
 
-def make_adapter(**args: Any) -> ImageClassifierAdapter:
+def make_model(**args: Any) -> Model:
     base: dict[str, Any] = {
         "adapter": "image-classification",
         "arch": "resnet18",
@@ -64,14 +60,14 @@ def make_adapter(**args: Any) -> ImageClassifierAdapter:
         "image_size": 32,
     }
     base.update(args)
-    return ImageClassifierAdapter(parse_args(base))
+    return build(parse_args(base))
 
 
 @pytest.fixture(scope="module")
-def ready_adapter() -> ImageClassifierAdapter:
-    adapter = make_adapter(top_k=3)
+def ready_adapter() -> Model:
+    adapter = make_model(top_k=3)
     torch.manual_seed(0)
-    adapter.setup(CPU)
+    adapter.backend.setup(CPU)
     return adapter
 
 
@@ -80,7 +76,7 @@ def ready_adapter() -> ImageClassifierAdapter:
 
 @pytest.mark.parametrize(("fmt", "ctype"), [("JPEG", "image/jpeg"), ("PNG", "image/png")])
 def test_decode_raw_body(fmt: str, ctype: str) -> None:
-    adapter = make_adapter()
+    adapter = make_model()
     decoded = adapter.decode(encode_image(fmt), ctype, {})
     assert len(decoded.items) == 1
     assert decoded.items[0].shape == (32, 32, 3)
@@ -89,13 +85,13 @@ def test_decode_raw_body(fmt: str, ctype: str) -> None:
 
 
 def test_decode_raw_body_content_type_parameters_and_case() -> None:
-    adapter = make_adapter()
+    adapter = make_model()
     decoded = adapter.decode(encode_image("PNG"), "Image/PNG; charset=binary", {})
     assert len(decoded.items) == 1
 
 
 def test_decode_json_base64_single_and_list() -> None:
-    adapter = make_adapter()
+    adapter = make_model()
     single = adapter.decode(json.dumps({"input": b64(encode_image("PNG"))}).encode(), "", {})
     assert len(single.items) == 1
     blobs = [encode_image("JPEG", color=(255, 0, 0)), encode_image("PNG", color=(0, 0, 255))]
@@ -108,7 +104,7 @@ def test_decode_json_base64_single_and_list() -> None:
 
 
 def test_top_k_default_query_and_json() -> None:
-    adapter = make_adapter(top_k=4)
+    adapter = make_model(top_k=4)
     png = encode_image("PNG")
     assert adapter.decode(png, "image/png", {}).meta["top_k"] == 4
     assert adapter.decode(png, "image/png", {"top_k": "7"}).meta["top_k"] == 7
@@ -118,7 +114,7 @@ def test_top_k_default_query_and_json() -> None:
 
 @pytest.mark.parametrize("bad", [0, 1001, "abc", 2.5, True, None, [3]])
 def test_top_k_invalid_is_400(bad: Any) -> None:
-    adapter = make_adapter()
+    adapter = make_model()
     body = json.dumps({"input": b64(encode_image("PNG")), "top_k": bad}).encode()
     with pytest.raises(BadRequest) as info:
         adapter.decode(body, "application/json", {})
@@ -128,11 +124,11 @@ def test_top_k_invalid_is_400(bad: Any) -> None:
 
 def test_top_k_invalid_in_query_is_400() -> None:
     with pytest.raises(BadRequest, match="top_k"):
-        make_adapter().decode(encode_image("PNG"), "image/png", {"top_k": "-1"})
+        make_model().decode(encode_image("PNG"), "image/png", {"top_k": "-1"})
 
 
 def test_bad_base64_names_the_item() -> None:
-    adapter = make_adapter()
+    adapter = make_model()
     body = json.dumps({"input": [b64(encode_image("PNG")), "not base64 !!"]}).encode()
     with pytest.raises(BadRequest) as info:
         adapter.decode(body, "application/json", {})
@@ -142,7 +138,7 @@ def test_bad_base64_names_the_item() -> None:
 
 
 def test_non_image_bytes_are_400_raw_and_json() -> None:
-    adapter = make_adapter()
+    adapter = make_model()
     with pytest.raises(BadRequest) as raw:
         adapter.decode(b"this is not an image at all", "image/jpeg", {})
     assert raw.value.status_code == 400 and raw.value.param == "input[0]"
@@ -156,17 +152,17 @@ def test_non_image_bytes_are_400_raw_and_json() -> None:
 def test_truncated_png_is_400() -> None:
     png = encode_image("PNG", size=(200, 200))
     with pytest.raises(BadRequest, match="input\\[0\\]"):
-        make_adapter().decode(png[: len(png) // 2], "image/png", {})
+        make_model().decode(png[: len(png) // 2], "image/png", {})
 
 
 def test_empty_raw_body_is_400() -> None:
     with pytest.raises(BadRequest):
-        make_adapter().decode(b"", "image/png", {})
+        make_model().decode(b"", "image/png", {})
 
 
 @pytest.mark.parametrize("fmt", ["GIF", "BMP"])
 def test_other_image_formats_are_400(fmt: str) -> None:
-    adapter = make_adapter()
+    adapter = make_model()
     with pytest.raises(BadRequest) as info:
         adapter.decode(encode_image(fmt), "image/png", {})
     assert info.value.status_code == 400
@@ -181,7 +177,7 @@ def test_other_image_formats_are_400(fmt: str) -> None:
 def test_image_over_max_pixels_is_413(size: tuple[int, int]) -> None:
     # 20,000 px: over the limit (10,000); 40,000 and 4,000,000: over twice the limit, where
     # Pillow itself refuses while reading the header.
-    adapter = make_adapter(max_image_pixels=10_000)
+    adapter = make_model(max_image_pixels=10_000)
     with pytest.raises(PayloadTooLarge) as info:
         adapter.decode(encode_image("PNG", size=size), "image/png", {})
     assert info.value.status_code == 413
@@ -190,14 +186,14 @@ def test_image_over_max_pixels_is_413(size: tuple[int, int]) -> None:
 
 
 def test_image_at_max_pixels_is_accepted() -> None:
-    adapter = make_adapter(max_image_pixels=10_000)
+    adapter = make_model(max_image_pixels=10_000)
     assert len(adapter.decode(encode_image("PNG", size=(100, 100)), "image/png", {}).items) == 1
 
 
 @pytest.mark.parametrize("ctype", ["text/plain", "image/gif", "multipart/form-data"])
 def test_unsupported_content_type_is_415(ctype: str) -> None:
     with pytest.raises(UnsupportedMediaType) as info:
-        make_adapter().decode(encode_image("PNG"), ctype, {})
+        make_model().decode(encode_image("PNG"), ctype, {})
     assert info.value.status_code == 415
     assert ctype in info.value.message
 
@@ -205,20 +201,20 @@ def test_unsupported_content_type_is_415(ctype: str) -> None:
 def test_unknown_model_is_404() -> None:
     body = json.dumps({"model": "other-model", "input": b64(encode_image("PNG"))}).encode()
     with pytest.raises(NotFound) as info:
-        make_adapter().decode(body, "application/json", {})
+        make_model().decode(body, "application/json", {})
     assert info.value.status_code == 404
     assert "other-model" in info.value.message
 
 
 def test_model_name_defaults_to_arch_and_is_accepted() -> None:
     body = json.dumps({"model": "resnet18", "input": b64(encode_image("PNG"))}).encode()
-    assert len(make_adapter().decode(body, "application/json", {}).items) == 1
+    assert len(make_model().decode(body, "application/json", {}).items) == 1
 
 
 def test_too_many_inputs_is_400() -> None:
     body = json.dumps({"input": [b64(encode_image("PNG"))] * 3}).encode()
     with pytest.raises(BadRequest, match="max_inputs_per_request"):
-        make_adapter(max_inputs_per_request=2).decode(body, "application/json", {})
+        make_model(max_inputs_per_request=2).decode(body, "application/json", {})
 
 
 # ---- preprocessing --------------------------------------------------------------------------
@@ -232,7 +228,7 @@ def model_input(item: np.ndarray) -> np.ndarray:
 
 def test_preprocess_shape_and_normalisation() -> None:
     color = (255, 0, 128)
-    adapter = make_adapter(image_size=48)
+    adapter = make_model(image_size=48)
     (item,) = adapter.decode(encode_image("PNG", size=(90, 70), color=color), "image/png", {}).items
     assert item.shape == (48, 48, 3) and item.dtype == np.uint8
     arr = model_input(item)
@@ -249,7 +245,7 @@ def test_preprocess_centre_crop_of_a_wide_image() -> None:
     img.paste((255, 255, 255), (224, 0, 448, 224))
     buf = io.BytesIO()
     img.save(buf, format="PNG")
-    (item,) = make_adapter(image_size=224).decode(buf.getvalue(), "image/png", {}).items
+    (item,) = make_model(image_size=224).decode(buf.getvalue(), "image/png", {}).items
     arr = model_input(item)
     black, white = -MEAN / STD, (1 - MEAN) / STD
     np.testing.assert_allclose(arr[:, :, 0], np.repeat(black[:, None], 224, 1), atol=1e-5)
@@ -261,13 +257,13 @@ def test_preprocess_centre_crop_of_a_wide_image() -> None:
 
 def test_preprocess_of_an_extreme_aspect_ratio_stays_small() -> None:
     # 4 x 20,000: resizing the whole strip first would make it 146 x 731,429 pixels.
-    adapter = make_adapter(image_size=32)
+    adapter = make_model(image_size=32)
     (arr,) = adapter.decode(encode_image("PNG", size=(4, 20_000)), "image/png", {}).items
     assert arr.shape == (32, 32, 3)
 
 
 def test_preprocess_grayscale_and_rgba_png() -> None:
-    adapter = make_adapter()
+    adapter = make_model()
     for mode, color in (("L", 128), ("RGBA", (10, 20, 30, 40))):
         buf = io.BytesIO()
         Image.new(mode, (40, 40), color).save(buf, format="PNG")
@@ -276,7 +272,7 @@ def test_preprocess_grayscale_and_rgba_png() -> None:
 
 
 def test_worst_case_items_match_preprocessed_shape() -> None:
-    items = make_adapter(image_size=40).worst_case_items(3)
+    items = make_model(image_size=40).backend.worst_case_items(3)
     assert len(items) == 3 and all(x.shape == (40, 40, 3) for x in items)
 
 
@@ -350,9 +346,9 @@ def weight_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"safetensors": st_path, "pt": pt_path, "wrapped": wrapped}
 
 
-def _loaded(path: Path, **args: Any) -> ImageClassifierAdapter:
-    adapter = make_adapter(load_format="auto", model_path=str(path), **args)
-    adapter.setup(CPU)
+def _loaded(path: Path, **args: Any) -> Model:
+    adapter = make_model(load_format="auto", model_path=str(path), **args)
+    adapter.backend.setup(CPU)
     return adapter
 
 
@@ -361,19 +357,19 @@ def test_safetensors_and_torch_save_give_identical_logits(weight_files: dict[str
     torch.manual_seed(0)
     batch = torch.randn(2, 3, 32, 32)
     with torch.inference_mode():
-        logits = [a.model(batch) for a in adapters]  # type: ignore[misc]
+        logits = [a.backend.model(batch) for a in adapters]  # type: ignore[misc]
     assert torch.equal(logits[0], logits[1])
     assert torch.equal(logits[0], logits[2])
     # and the weights are really the file's, not a fresh random init
     expected = _random_state("resnet18")["fc.bias"]
-    assert torch.equal(adapters[0].model.state_dict()["fc.bias"], expected)  # type: ignore[union-attr]
+    assert torch.equal(adapters[0].backend.model.state_dict()["fc.bias"], expected)  # type: ignore[union-attr]
 
 
 def test_mismatching_state_dict_is_config_error(weight_files: dict[str, Path]) -> None:
-    adapter = make_adapter(load_format="auto", model_path=str(weight_files["safetensors"]))
-    adapter.args.arch = "resnet34"  # resnet18 weights into a resnet34
+    adapter = make_model(load_format="auto", model_path=str(weight_files["safetensors"]))
+    adapter.backend.args.arch = "resnet34"  # resnet18 weights into a resnet34
     with pytest.raises(ConfigError) as info:
-        adapter.setup(CPU)
+        adapter.backend.setup(CPU)
     assert "args.model_path" in info.value.message
     assert "resnet34" in info.value.message
 
@@ -382,9 +378,9 @@ def test_mismatching_state_dict_is_config_error(weight_files: dict[str, Path]) -
 def test_unreadable_weights_file_is_config_error(tmp_path: Path, suffix: str) -> None:
     path = tmp_path / f"garbage{suffix}"
     path.write_bytes(b"\x00not weights" * 10)
-    adapter = make_adapter(load_format="auto", model_path=str(path))
+    adapter = make_model(load_format="auto", model_path=str(path))
     with pytest.raises(ConfigError, match="args.model_path"):
-        adapter.setup(CPU)
+        adapter.backend.setup(CPU)
 
 
 def test_weights_file_without_a_state_dict_is_config_error(tmp_path: Path) -> None:
@@ -396,26 +392,26 @@ def test_weights_file_without_a_state_dict_is_config_error(tmp_path: Path) -> No
 
 def test_model_path_required_unless_dummy(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="model_path"):
-        make_adapter(load_format="auto")
+        make_model(load_format="auto")
     with pytest.raises(ConfigError, match="model_path"):
-        make_adapter(load_format="auto", model_path=str(tmp_path / "missing.safetensors"))
+        make_model(load_format="auto", model_path=str(tmp_path / "missing.safetensors"))
     with pytest.raises(ConfigError, match="labels_path"):
-        make_adapter(labels_path=str(tmp_path / "missing.txt"))
+        make_model(labels_path=str(tmp_path / "missing.txt"))
 
 
-def test_dummy_works_without_model_path(ready_adapter: ImageClassifierAdapter) -> None:
-    assert ready_adapter.args.model_path is None
-    assert ready_adapter.model is not None
-    assert ready_adapter.describe()["load_format"] == "dummy"
+def test_dummy_works_without_model_path(ready_adapter: Model) -> None:
+    assert ready_adapter.backend.args.model_path is None
+    assert ready_adapter.backend.model is not None
+    assert ready_adapter.backend.describe()["load_format"] == "dummy"
 
 
 # ---- predict and encode ---------------------------------------------------------------------
 
 
-def test_predict_returns_probabilities(ready_adapter: ImageClassifierAdapter) -> None:
+def test_predict_returns_probabilities(ready_adapter: Model) -> None:
     blobs = [encode_image("PNG", color=(i * 60, 20, 200 - i * 50)) for i in range(3)]
     items = [ready_adapter.decode(b, "image/png", {}).items[0] for b in blobs]
-    outputs = ready_adapter.predict(items)
+    outputs = ready_adapter.backend.predict(items)
     assert len(outputs) == 3
     for scores, ids in outputs:
         assert scores.shape == (1000,) and ids.shape == (1000,)
@@ -430,7 +426,7 @@ def test_encode_top_k_and_labels(tmp_path: Path, weight_files: dict[str, Path]) 
     adapter = _loaded(weight_files["safetensors"], labels_path=str(labels), top_k=3)
     body = json.dumps({"input": [b64(encode_image("PNG"))] * 2, "top_k": 4}).encode()
     decoded = adapter.decode(body, "application/json", {})
-    out = adapter.encode(adapter.predict(decoded.items), decoded)
+    out = adapter.encode(adapter.backend.predict(decoded.items), decoded)
     assert out["object"] == "list" and out["model"] == "resnet18"
     assert [d["index"] for d in out["data"]] == [0, 1]
     for entry in out["data"]:
@@ -440,9 +436,9 @@ def test_encode_top_k_and_labels(tmp_path: Path, weight_files: dict[str, Path]) 
         scores = [t["score"] for t in top]
         assert scores == sorted(scores, reverse=True)
     # without labels: class_<id>
-    plain = make_adapter(top_k=2)
-    plain.setup(CPU)
+    plain = make_model(top_k=2)
+    plain.backend.setup(CPU)
     d = plain.decode(encode_image("PNG"), "image/png", {})
-    (entry,) = plain.encode(plain.predict(d.items), d)["data"]
+    (entry,) = plain.encode(plain.backend.predict(d.items), d)["data"]
     assert len(entry["top_k"]) == 2
     assert entry["top_k"][0]["label"] == f"class_{entry['top_k'][0]['class_id']}"

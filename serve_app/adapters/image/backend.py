@@ -1,23 +1,18 @@
-"""Image classification (default: ResNet-50; any torchvision classifier by name).
-
-Accepts JPEG or PNG bytes, as a raw body (``Content-Type: image/jpeg``) or base64 in JSON
-(``{"input": "<base64>" | [...], "top_k": 5}``); returns the top-k labels and scores.
+"""The image classification backend (default: ResNet-50; any torchvision classifier by name).
 Weights load from a local safetensors file, or a ``torch.load(weights_only=True)`` file.
 
-Two decode paths give the same crops: on the CPU path ``decode`` decodes with Pillow on the
-request path (``_preprocess``); on the GPU path (``image_decode``, imagedecode.py) it only reads
-the headers, with the same checks and errors, and ``predict`` decodes the batch's JPEGs with
-nvJPEG and crops them on the GPU exactly as Pillow would (imageresize.py).
+Two decode paths give the same crops: on the CPU path ``prepare`` decodes with Pillow on the
+request path; on the GPU path (``image_decode``, gpudecode.py) it only reads the headers, with
+the same checks and errors, and ``predict`` decodes the batch's JPEGs with nvJPEG and crops them
+on the GPU exactly as Pillow would (resize.py).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from serve_app.adapters.contract import Decoded, load_state_dict, pow2_sizes, resolve_dtype
+from serve_app.adapters.contract import load_state_dict, pow2_sizes, resolve_dtype
+from serve_app.adapters.image.decoder_memory import use_gpu_decode
 from serve_app.adapters.image.files import (
     EncodedImage,
     encoded_image,
@@ -33,24 +29,16 @@ from serve_app.adapters.image.files import (
     synthetic_jpeg,
     worst_case_size,
 )
-from serve_app.adapters.image.gpudecode import GpuJpegDecoder, use_gpu_decode
+from serve_app.adapters.image.gpudecode import GpuJpegDecoder
 from serve_app.adapters.image.resnet import ARCHS, build_resnet
-from serve_app.adapters.jsonbody import check_model, parse_json_object, string_list
 from serve_app.config.args import AppArgs
-from serve_app.errors import (
-    BadRequest,
-    ConfigError,
-    ItemError,
-    ServeAppError,
-    UnsupportedMediaType,
-)
-from serve_app.gpu.graphs import GraphMemoryLimit, GraphSet, bucket_for, graph_batch_sizes
+from serve_app.errors import ConfigError, ItemError, ServeAppError
+from serve_app.gpu.graphs import GraphMemory, GraphSet, bucket_for, graph_batch_sizes
 
 logger = logging.getLogger("serve_app")
 
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
-IMAGE_TYPES = ("image/jpeg", "image/png")
 # Threads that decode the images of one request in parallel (Pillow releases the GIL while it
 # decodes and resizes).
 DECODE_THREADS = min(4, os.cpu_count() or 1)
@@ -121,11 +109,10 @@ def build_model(arch: str) -> tuple[torch.nn.Module, list[str] | None]:
     return build_resnet(arch), None
 
 
-class ImageClassifierAdapter:
-    """``POST /v1/classify``: top-k labels for JPEG/PNG images."""
+class ImageClassifier:
+    """Top-k scores for JPEG/PNG images."""
 
-    route = "/v1/classify"
-    decode_inline = False  # True once setup picks the GPU path: decode then reads headers only
+    prepare_inline = False  # True once setup picks the GPU path: prepare then reads headers only
 
     def __init__(self, args: AppArgs):
         self.args = args
@@ -177,61 +164,26 @@ class ImageClassifierAdapter:
         if gpu_decode:
             self._gpu = GpuJpegDecoder(device, self.args.image_size)
             self._pool()  # now, not lazily from two threads at once
-            self.decode_inline = True
+            self.prepare_inline = True
             logger.info("image_decode: JPEGs decode on %s with nvJPEG, in batches", device)
 
-    def decode(self, body: bytes, content_type: str, query: Mapping[str, str]) -> Decoded:
-        ctype = content_type.split(";")[0].strip().lower()
-        top_k = self.args.top_k
-        if ctype in IMAGE_TYPES:
-            blobs = [body]
-            if "top_k" in query:
-                top_k = self._top_k(query["top_k"])
-        elif ctype in ("application/json", ""):
-            doc = parse_json_object(body)
-            check_model(doc, self.args.model_name)
-            texts, _ = string_list(doc, "input", self.args.max_inputs_per_request)
-            if "top_k" in doc:
-                top_k = self._top_k(doc["top_k"])
-            blobs = []
-            for i, text in enumerate(texts):
-                try:
-                    blobs.append(base64.b64decode(text, validate=True))
-                except (binascii.Error, ValueError):
-                    raise BadRequest(
-                        f"'input[{i}]' is not valid base64", param=f"input[{i}]"
-                    ) from None
-        else:
-            raise UnsupportedMediaType(
-                f"Content-Type {ctype!r} is not supported; send image/jpeg, image/png, or "
-                "application/json with base64 images"
-            )
-        items: list[Any]
+    def prepare(self, inputs: Sequence[Any]) -> list[Any]:
+        """Each image's crop (CPU path: Pillow, in threads for several), or its header read into
+        an ``EncodedImage`` (GPU path: ``predict`` decodes the batch); BadRequest or
+        PayloadTooLarge for an image that cannot be served, naming ``input[i]``."""
+        blobs = list(inputs)
         if self._gpu is not None:
             limit = self.args.max_image_pixels
-            items = [encoded_image(blob, i, limit) for i, blob in enumerate(blobs)]
-        elif len(blobs) > 1 and DECODE_THREADS > 1:
+            return [encoded_image(blob, i, limit) for i, blob in enumerate(blobs)]
+        if len(blobs) > 1 and DECODE_THREADS > 1:
             # map() yields in order, so the first bad image by index is the one reported
-            items = list(self._pool().map(self._preprocess, blobs, range(len(blobs))))
-        else:
-            items = [self._preprocess(blob, i) for i, blob in enumerate(blobs)]
-        return Decoded(items=items, meta={"top_k": top_k})
+            return list(self._pool().map(self._preprocess, blobs, range(len(blobs))))
+        return [self._preprocess(blob, i) for i, blob in enumerate(blobs)]
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._decode_pool is None:
             self._decode_pool = ThreadPoolExecutor(DECODE_THREADS, "decode")
         return self._decode_pool
-
-    def _top_k(self, value: Any) -> int:
-        # JSON gives an int; a query string gives its digits. Floats and booleans are refused
-        # rather than truncated.
-        if isinstance(value, str) and value.strip().isdigit():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise BadRequest(f"'top_k' must be an integer, got {value!r}", param="top_k")
-        if not 1 <= value <= 1000:
-            raise BadRequest(f"'top_k' must be between 1 and 1000, got {value}", param="top_k")
-        return value
 
     def _preprocess(self, blob: bytes, index: int) -> np.ndarray:
         """The CPU path's decode and crop of one image (imagefile.pillow_crop)."""
@@ -243,15 +195,12 @@ class ImageClassifierAdapter:
         return (self.model(to_model_input(batch_u8, self.device, self.dtype)),)
 
     def capture_graphs(
-        self,
-        max_batch_size: int,
-        budget_s: float | None = None,
-        limit: GraphMemoryLimit | None = None,
+        self, max_batch_size: int, budget_s: float | None, memory: GraphMemory
     ) -> GraphSet:
         """CUDA graphs of the forward pass for batch buckets up to ``max_batch_size`` (for at
         most ``budget_s``: see ``GraphSet.capture_all``)."""
         size = self.args.image_size
-        graphs = GraphSet(self._forward, self.device, limit)
+        graphs = GraphSet(self._forward, memory)
         sizes = graph_batch_sizes(max_batch_size)
         self.graphs, self._graph_sizes = graphs, sizes
         graphs.capture_all(
@@ -326,18 +275,7 @@ class ImageClassifierAdapter:
             scores_np, ids_np = scores.cpu().numpy(), ids.cpu().numpy()
         return [(scores_np[i], ids_np[i]) for i in range(len(batch_u8))]
 
-    def encode(self, outputs: list[Any], decoded: Decoded) -> dict[str, Any]:
-        k = decoded.meta["top_k"]
-        data = []
-        for i, (scores, ids) in enumerate(outputs):
-            top = [
-                {"label": self._label(int(c)), "class_id": int(c), "score": float(s)}
-                for s, c in zip(scores[:k], ids[:k], strict=True)
-            ]
-            data.append({"object": "classification", "index": i, "top_k": top})
-        return {"object": "list", "model": self.args.model_name, "data": data}
-
-    def _label(self, class_id: int) -> str:
+    def label(self, class_id: int) -> str:
         if self.labels and class_id < len(self.labels):
             return self.labels[class_id]
         return f"class_{class_id}"
@@ -377,3 +315,6 @@ class ImageClassifierAdapter:
             "image_decode": "gpu" if self._gpu is not None else "cpu",
             "load_format": self.args.load_format,
         }
+
+    def report(self) -> dict[str, Any]:
+        return {}

@@ -18,19 +18,22 @@ import numpy as np
 import pytest
 import torch
 
-from serve_app.adapters.embeddings.adapter import GRAPH_LENGTHS, EmbeddingAdapter
-from serve_app.adapters.image.adapter import ImageClassifierAdapter
+from serve_app.adapters import embeddings
+from serve_app.adapters.embeddings.backend import GRAPH_LENGTHS
+from serve_app.adapters.image.backend import ImageClassifier
 from serve_app.config.args import parse_args
 from serve_app.errors import ConfigError
 from serve_app.gpu.graphs import (
     GraphCaptureError,
-    GraphMemoryLimit,
+    GraphMemory,
     GraphSet,
     bucket_for,
     graph_batch_sizes,
 )
+from serve_app.gpu.snapshot import DeviceMemory
 
 Tensors = tuple[torch.Tensor, ...]
+CPU_MEMORY = GraphMemory(DeviceMemory(torch.device("cpu")))
 
 
 def test_graph_batch_sizes() -> None:
@@ -69,7 +72,7 @@ class CpuGraphSet(GraphSet):
     the forward pass on them. ``capture_s_each`` (when set) is how long each capture takes."""
 
     def __init__(self, forward: Callable[..., Tensors], capture_s_each: float = 0.0):
-        super().__init__(forward, torch.device("cpu"))
+        super().__init__(forward, CPU_MEMORY)
         self.static: dict[Hashable, Tensors] = {}
         self.order: list[Hashable] = []
         self.runs: list[tuple[Hashable, int]] = []
@@ -107,15 +110,13 @@ def _with_cpu_graphs(
 ) -> CpuGraphSet:
     holder: dict[str, CpuGraphSet] = {}
 
-    def make(
-        forward: Callable[..., Tensors], device: torch.device, limit: GraphMemoryLimit | None
-    ) -> CpuGraphSet:
-        assert limit is None  # no budget in these tests
+    def make(forward: Callable[..., Tensors], memory: GraphMemory) -> CpuGraphSet:
+        assert memory.limit_bytes is None  # no budget in these tests
         holder["set"] = CpuGraphSet(forward, capture_s_each=0.01 if budget_s is not None else 0)
         return holder["set"]
 
-    monkeypatch.setattr(f"serve_app.adapters.{module}.adapter.GraphSet", make)
-    adapter.capture_graphs(8, budget_s)
+    monkeypatch.setattr(f"serve_app.adapters.{module}.backend.GraphSet", make)
+    adapter.capture_graphs(8, budget_s, CPU_MEMORY)
     return holder["set"]
 
 
@@ -192,10 +193,11 @@ def test_config_startup_budget() -> None:
 def test_embeddings_graph_path_pads_to_buckets_and_matches_eager(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    adapter = EmbeddingAdapter(parse_args({"adapter": "embeddings"}))
+    model = embeddings.build(parse_args({"adapter": "embeddings"}))
+    adapter = model.backend
     adapter.setup(torch.device("cpu"))
     texts = ["hello there", "a longer sentence to embed, with a few more words in it", "hi"]
-    items = adapter.decode(json.dumps({"input": texts}).encode(), "", {})
+    items = model.decode(json.dumps({"input": texts}).encode(), "", {})
     eager = adapter.predict(items.items)
     graphs = _with_cpu_graphs(adapter, monkeypatch, "embeddings")
     assert set(graphs.static) == {(b, n) for b in (1, 2, 4, 8) for n in GRAPH_LENGTHS}
@@ -213,9 +215,9 @@ def test_embeddings_graph_path_pads_to_buckets_and_matches_eager(
     assert len(graphs.runs) == 1
 
 
-def _small_resnet() -> ImageClassifierAdapter:
+def _small_resnet() -> ImageClassifier:
     """ResNet-18 on 32 x 32 crops, random weights, on the CPU."""
-    adapter = ImageClassifierAdapter(
+    adapter = ImageClassifier(
         parse_args(
             {
                 "adapter": "image-classification",
@@ -249,9 +251,10 @@ def test_image_graph_path_pads_to_buckets_and_matches_eager(
 def test_embeddings_shapes_left_pending_run_eagerly_until_captured(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    adapter = EmbeddingAdapter(parse_args({"adapter": "embeddings"}))
+    model = embeddings.build(parse_args({"adapter": "embeddings"}))
+    adapter = model.backend
     adapter.setup(torch.device("cpu"))
-    items = adapter.decode(json.dumps({"input": ["hello there", "hi"]}).encode(), "", {})
+    items = model.decode(json.dumps({"input": ["hello there", "hi"]}).encode(), "", {})
     graphs = _with_cpu_graphs(adapter, monkeypatch, "embeddings", budget_s=0.0)
     assert graphs.pending == 4 * len(GRAPH_LENGTHS) and not graphs.static
     eager = adapter.predict(items.items)

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
-import torch
 
 from serve_app.gpu.budget import (
     GpuMemoryError,
     InsufficientGpuMemoryError,
     MemoryBudget,
     MemoryConfigError,
-    MemorySnapshot,
     check_free_memory,
     format_bytes,
     plan_budget,
@@ -165,45 +161,6 @@ def test_check_free_memory_one_byte_short_raises_and_names_memory_fraction() -> 
     message = str(info.value)
     assert "memory_fraction=0.2" in message
     assert "(1 bytes) short" in message
-
-
-def test_snapshot_measure_on_cpu_reports_zero_torch_figures() -> None:
-    snapshot = MemorySnapshot.measure("cpu", None)
-    assert snapshot == MemorySnapshot(
-        allocated_bytes=0,
-        reserved_bytes=0,
-        peak_allocated_bytes=0,
-        peak_reserved_bytes=0,
-        nvml_process_bytes=None,
-        non_torch_bytes=None,
-    )
-
-
-def test_snapshot_measure_on_cpu_with_nvml_figure() -> None:
-    snapshot = MemorySnapshot.measure(torch.device("cpu"), 512_000_000)
-    assert snapshot.nvml_process_bytes == 512_000_000
-    assert snapshot.non_torch_bytes == 512_000_000
-    assert snapshot.reserved_bytes == 0
-
-
-def test_snapshot_measure_reads_torch_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    figures = {
-        "memory_allocated": 1_000,
-        "memory_reserved": 4_000,
-        "max_memory_allocated": 3_000,
-        "max_memory_reserved": 6_000,
-    }
-    seen: list[torch.device] = []
-    for name, value in figures.items():
-
-        def fake(device: torch.device, value: int = value) -> int:
-            seen.append(device)
-            return value
-
-        monkeypatch.setattr(torch.cuda, name, fake)
-    snapshot = MemorySnapshot.measure("cuda:1", 10_000)
-    assert dataclasses.astuple(snapshot) == (1_000, 4_000, 3_000, 6_000, 10_000, 6_000)
-    assert seen == [torch.device("cuda:1")] * 4
 
 
 @pytest.mark.parametrize(

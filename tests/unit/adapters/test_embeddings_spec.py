@@ -1,4 +1,5 @@
-"""Request decoding and validation for the embeddings adapter (no Ray, real tokenizer)."""
+"""The embeddings model end to end without Ray: the wire spec's decode and validation, the
+backend's tokenizing (real tokenizer), predict against sentence-transformers, encode."""
 
 from __future__ import annotations
 
@@ -9,25 +10,35 @@ import logging
 import numpy as np
 import pytest
 
-from serve_app.adapters.embeddings.adapter import SKELETON_DIR, EmbeddingAdapter
-from serve_app.adapters.jsonbody import check_model, parse_json_object, string_list
+from serve_app.adapters.contract import Model
+from serve_app.adapters.embeddings import build
+from serve_app.adapters.embeddings.backend import SentenceEncoder
+from serve_app.adapters.embeddings.modeldir import SKELETON_DIR
+from serve_app.adapters.wire import check_model, parse_json_object, string_list
 from serve_app.config.args import parse_args
 from serve_app.errors import BadRequest, ConfigError, NotFound, ServeAppError
 
 
 @pytest.fixture(scope="module")
-def adapter() -> EmbeddingAdapter:
-    return EmbeddingAdapter(parse_args({"max_inputs_per_request": 4}))
+def model() -> Model:
+    return build(parse_args({"max_inputs_per_request": 4}))
 
 
 def body(doc: object) -> bytes:
     return json.dumps(doc).encode()
 
 
-def test_decode_counts_tokens(adapter: EmbeddingAdapter) -> None:
-    decoded = adapter.decode(body({"input": ["hello world", "hi"]}), "application/json", {})
+def test_decode_tokenizes_each_input(model: Model) -> None:
+    decoded = model.decode(body({"input": ["hello world", "hi"]}), "application/json", {})
+    assert decoded.inputs == ["hello world", "hi"]
     assert decoded.items == [[101, 7592, 2088, 102], [101, 7632, 102]]
-    assert decoded.meta == {"format": "float", "tokens": 7}
+    assert decoded.meta == {"format": "float"}
+
+
+def test_the_spec_alone_reads_texts_and_the_backend_tokenizes(model: Model) -> None:
+    decoded = model.spec.decode(body({"input": "hi", "encoding_format": "base64"}), "", {})
+    assert (decoded.inputs, decoded.items, decoded.meta) == (["hi"], [], {"format": "base64"})
+    assert model.backend.prepare(["hi"]) == [[101, 7632, 102]]
 
 
 @pytest.mark.parametrize(
@@ -47,9 +58,9 @@ def test_decode_counts_tokens(adapter: EmbeddingAdapter) -> None:
         (body({"input": "word " * 300}), BadRequest, "at most 256"),
     ],
 )
-def test_bad_requests(adapter: EmbeddingAdapter, raw: bytes, exc: type, needle: str) -> None:
+def test_bad_requests(model: Model, raw: bytes, exc: type, needle: str) -> None:
     with pytest.raises(exc) as info:
-        adapter.decode(raw, "application/json", {})
+        model.decode(raw, "application/json", {})
     assert needle in info.value.message
     assert info.value.to_json()["error"]["type"] == exc.error_type
 
@@ -58,22 +69,32 @@ def test_status_codes() -> None:
     assert BadRequest("x").status_code == 400 and NotFound("x").status_code == 404
 
 
-def test_predict_matches_sentence_transformers(adapter: EmbeddingAdapter) -> None:
+def test_predict_matches_sentence_transformers(model: Model) -> None:
     from sentence_transformers import SentenceTransformer
 
-    adapter.setup(__import__("torch").device("cpu"))
+    backend = model.backend
+    assert isinstance(backend, SentenceEncoder)
+    backend.setup(__import__("torch").device("cpu"))
     texts = ["The cat sat on the mat.", "A completely different sentence, longer than one."]
-    decoded = adapter.decode(body({"input": texts}), "application/json", {})
-    ours = np.stack(adapter.predict(decoded.items))
-    reference = SentenceTransformer(str(adapter.model_dir), device="cpu").encode(texts)
-    np.testing.assert_allclose(ours, reference, atol=1e-5)
-    out = adapter.encode(adapter.predict(decoded.items), decoded)
+    decoded = model.decode(body({"input": texts}), "application/json", {})
+    ours = np.stack(backend.predict(decoded.items))
+    st = SentenceTransformer(str(backend.model_dir), device="cpu")
+    np.testing.assert_allclose(ours, st.encode(texts), atol=1e-5)
+    out = model.encode(backend.predict(decoded.items), decoded)
     assert [d["index"] for d in out["data"]] == [0, 1]
-    assert out["usage"]["prompt_tokens"] == decoded.meta["tokens"]
+    tokens = int(st.tokenize(texts)["attention_mask"].sum())  # sentence-transformers' own count
+    assert (
+        out["usage"]
+        == {"prompt_tokens": tokens, "total_tokens": tokens}
+        == {
+            "prompt_tokens": 20,
+            "total_tokens": 20,
+        }
+    )
 
 
 def test_dummy_load_format_uses_real_architecture() -> None:
-    dummy = EmbeddingAdapter(parse_args({"load_format": "dummy", "model_path": str(SKELETON_DIR)}))
+    dummy = SentenceEncoder(parse_args({"load_format": "dummy", "model_path": str(SKELETON_DIR)}))
     dummy.setup(__import__("torch").device("cpu"))
     assert dummy.dim == 384
     vecs = dummy.predict(dummy.worst_case_items(2))
@@ -83,10 +104,10 @@ def test_dummy_load_format_uses_real_architecture() -> None:
 
 def test_model_path_must_be_a_directory(tmp_path) -> None:
     with pytest.raises(ConfigError, match="args.model_path"):
-        EmbeddingAdapter(parse_args({"model_path": str(tmp_path / "missing")}))
+        SentenceEncoder(parse_args({"model_path": str(tmp_path / "missing")}))
 
 
-def test_jsonbody_helpers() -> None:
+def test_wire_helpers() -> None:
     assert parse_json_object(b'{"a": 1}') == {"a": 1}
     assert string_list({"input": "one"}, "input", 3) == (["one"], True)
     check_model({"input": "x"}, "m")  # no model field: accepted

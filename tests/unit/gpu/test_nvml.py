@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from serve_app.gpu import nvml
-from serve_app.gpu.nvml import GpuMemory, NvmlError, NvmlErrorKind, NvmlSource, ScriptedSource
+from serve_app.gpu import devices, nvml
+from serve_app.gpu.nvml import GpuMemory, NvmlError, NvmlErrorKind, NvmlSource
+from serve_app.testing.nvml import ScriptedSource
 
 UUID0 = "GPU-11111111-2222-3333-4444-555555555555"
 UUID1 = "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"
@@ -170,7 +171,7 @@ def test_init_failure_is_retried() -> None:
     ],
 )
 def test_format_uuid(raw: object, expected: str) -> None:
-    assert nvml.format_uuid(raw) == expected
+    assert devices.format_uuid(raw) == expected
 
 
 def write_script(path: Path, script: dict[str, Any]) -> Path:
@@ -237,8 +238,8 @@ def test_env_var_selects_the_scripted_source(tmp_path: Path, monkeypatch: Any) -
     nvml.set_source(None)
     try:
         assert isinstance(nvml.get_source(), ScriptedSource)
-        assert nvml.uuid_for_torch_device(0) == UUID1  # Ray's logical GPU 1 is the second device
-        assert nvml.uuid_for_torch_device(1) is None
+        assert devices.uuid_for_torch_device(0) == UUID1  # Ray's logical GPU 1 is the second device
+        assert devices.uuid_for_torch_device(1) is None
     finally:
         nvml.set_source(None)
 
@@ -270,23 +271,23 @@ def test_module_functions_use_the_set_source(tmp_path: Path) -> None:
     ],
 )
 def test_count_visible_follows_cuda_visible_devices(visible: str | None, expected: int) -> None:
-    assert nvml.count_visible(visible, [UUID0, UUID1]) == expected
+    assert devices.count_visible(visible, [UUID0, UUID1]) == expected
 
 
 def test_visible_cuda_devices_reads_the_driver_not_a_script(tmp_path: Path) -> None:
     driver = source_for(fake_pynvml())
-    assert nvml.visible_cuda_devices(None, driver) == 2
-    assert nvml.visible_cuda_devices("1", driver) == 1
+    assert devices.visible_cuda_devices(None, driver) == 2
+    assert devices.visible_cuda_devices("1", driver) == 1
     missing = source_for(types.SimpleNamespace())  # no nvmlInit: as good as no driver
-    assert isinstance(nvml.visible_cuda_devices(None, missing), NvmlError)
+    assert isinstance(devices.visible_cuda_devices(None, missing), NvmlError)
     # A scripted source (logical GPUs on a CPU machine) is not the driver: without one (this
     # machine has no NVIDIA driver in CI) the count is an error, not the script's GPUs.
     nvml.set_source(ScriptedSource(write_script(tmp_path / "nvml.json", SCRIPT)))
     try:
-        got = nvml.visible_cuda_devices(None)
+        got = devices.visible_cuda_devices(None)
     finally:
         nvml.set_source(None)
     if isinstance(got, int):  # a machine with a driver: its own GPUs, whatever the script says
-        assert got == nvml.count_visible(None, [d.uuid for d in NvmlSource().all_devices()])  # type: ignore[union-attr]
+        assert got == devices.count_visible(None, [d.uuid for d in NvmlSource().all_devices()])  # type: ignore[union-attr]
     else:
         assert isinstance(got, NvmlError)

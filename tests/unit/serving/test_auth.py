@@ -10,10 +10,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from serve_app import env
+from serve_app.adapters.embeddings import build
+from serve_app.config.args import parse_args
 from serve_app.errors import ConfigError
 from serve_app.ops.launch import exposure_warning
 from serve_app.serving import auth
-from serve_app.serving.auth import ApiKeys, bearer_token
+from serve_app.serving.auth import ApiKeys, bearer_token, protected_paths
 from serve_app.serving.http import Ingress, json_response
 from serve_app.serving.openapi import BEARER, build_openapi
 
@@ -98,6 +100,7 @@ async def test_a_missing_or_wrong_key_is_a_401_before_the_handler_runs() -> None
     app = Ingress(
         {"/v1/embeddings": {"POST": model}, "/healthz": {"GET": open_route}},
         ApiKeys(["right-key", "second-key"]),
+        protected_paths(["/v1/embeddings"]),
     )
     async with _client(app) as client:
         for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "right-key"}):
@@ -127,11 +130,18 @@ async def test_no_keys_means_auth_off() -> None:
     assert model.calls == 1
 
 
+def test_protected_paths_are_every_inference_route_and_the_reports() -> None:
+    assert protected_paths(["/v1/a", "/v1/b"]) == {"/v1/a", "/v1/b", "/v1/memory", "/v1/models"}
+
+
 def test_openapi_names_the_bearer_scheme_only_when_keys_are_on() -> None:
-    off = build_openapi("/v1/embeddings", "m", 1024)
+    operation = build(parse_args({})).spec.openapi(1024)
+    off = build_openapi("/v1/embeddings", operation, "m")
     assert "securitySchemes" not in off["components"]
     assert "security" not in off["paths"]["/v1/embeddings"]["post"]
-    on = build_openapi("/v1/embeddings", "m", 1024, auth=True)
+    on = build_openapi(
+        "/v1/embeddings", operation, "m", protected=protected_paths(["/v1/embeddings"])
+    )
     assert on["components"]["securitySchemes"][BEARER] == {
         "type": "http",
         "scheme": "bearer",

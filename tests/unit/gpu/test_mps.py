@@ -16,6 +16,7 @@ from serve_app.control.monitor import Escape, GpuMonitor, WatchedReplica, find_e
 from serve_app.errors import ConfigError, StartupError
 from serve_app.gpu import mps, nvml
 from serve_app.ops import launch
+from serve_app.testing.nvml import ScriptedSource
 
 GIB = 1 << 30
 UUID = "GPU-00000000-0000-0000-0000-000000000001"
@@ -101,7 +102,7 @@ def _script(tmp: Path, **step: Any) -> Path:
 @pytest.fixture
 def scripted(tmp_path: Path) -> Any:
     def use(**step: Any) -> None:
-        nvml.set_source(nvml.ScriptedSource(_script(tmp_path, **step)))
+        nvml.set_source(ScriptedSource(_script(tmp_path, **step)))
 
     yield use
     nvml.set_source(None)
