@@ -62,7 +62,7 @@ POLICY_OVERRIDES = {"upscale_cooldown_s": 10, "shed_cooldown_s": 5, "max_step_up
 
 def grab_config(gpus: list[str], port: int, per_gpu: int, device: str) -> dict[str, Any]:
     """configs/controller.yaml's application once per GPU, pinned to its node by label."""
-    from serve_app.config.args import load_deploy_config
+    from serve_app.config.deploy import load_deploy_config
 
     base = load_deploy_config(CONFIG)
     apps = []
@@ -255,7 +255,7 @@ def _answers(url: str) -> bool:
 def grab_worker(spec: dict[str, Any]) -> None:
     import ray
 
-    from serve_app.config.args import check_deploy_config
+    from serve_app.config.deploy import check_deploy_config
     from serve_app.ops import launch
 
     cuda = spec["device"] == "cuda"

@@ -36,7 +36,7 @@ CONFIG = "configs/gpu-shared.yaml"  # its args: MiniLM, fp16, threshold cache po
 def app_args(device: str) -> dict[str, Any]:
     """configs/gpu-shared.yaml's args with dummy weights (the GPU host has none)."""
     from load_tests.side_by_side.constants import ROOT
-    from serve_app.config.args import load_deploy_config
+    from serve_app.config.deploy import load_deploy_config
 
     args = dict(load_deploy_config(ROOT / CONFIG)["applications"][0]["args"])
     args.update(load_format="dummy", dtype="float16")

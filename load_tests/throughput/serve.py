@@ -84,7 +84,7 @@ def run_job(
     rows go to ``result["rows"]`` as they are made."""
     from load_tests.bench import MemorySampler
     from load_tests.side_by_side.cluster import _server_memory, _wait_answer
-    from serve_app.config.args import check_deploy_config
+    from serve_app.config.deploy import check_deploy_config
     from serve_app.ops import launch
 
     cfg, cuda = ctx["cfg"], ctx["cuda"]

@@ -21,7 +21,7 @@ RAY_START_EST_S = (15.0, 8.0)  # (GPU, CPU)
 def serve_app_doc(model: str, replicas: int, cfg: Mapping[str, Any], port: int) -> dict:
     """configs/default.yaml (what ``serve-app run`` deploys) for ``model`` with dummy weights in
     fp16, ``replicas`` replicas at ``gpu_share`` of a GPU each; real defaults otherwise."""
-    from serve_app.config.args import load_deploy_config
+    from serve_app.config.deploy import load_deploy_config
 
     doc = load_deploy_config(DEFAULT_CONFIG)
     doc["http_options"] = {"host": "127.0.0.1", "port": port}

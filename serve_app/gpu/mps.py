@@ -36,7 +36,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -46,6 +45,7 @@ from pathlib import Path
 
 from serve_app import env
 from serve_app.config.args import Enforcement
+from serve_app.config.deploy import check_limit_value
 from serve_app.errors import StartupError
 from serve_app.gpu import devices, nvml
 
@@ -78,35 +78,10 @@ def uses_mps(enforcement: str) -> bool:
 
 # ---- the limit's text ---------------------------------------------------------------------
 
-_ENTRY = re.compile(r"^(?P<dev>GPU-[0-9a-fA-F-]+|MIG-[^=]+|\d+)=(?P<num>\d+)(?P<unit>[MG])$")
-
 
 def format_limit(limit_bytes: int) -> str:
     """The limit for a client's device 0, in whole MiB (the driver ignores a bare byte count)."""
     return f"0={limit_bytes // MIB}M"
-
-
-def check_limit_value(value: str, visible_devices: int = 1) -> list[str]:
-    """Problems with a ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` value that the driver would drop
-    without a word: a bare number (no ``M``/``G``), or a device index the client cannot see
-    (which drops every entry). Empty when the value is sound."""
-    problems = []
-    for entry in (e.strip() for e in value.split(",")):
-        m = _ENTRY.match(entry)
-        if m is None:
-            problems.append(
-                f"{entry!r} is not DEVICE=SIZE with a unit (e.g. 0=4096M or 0=4G); MPS silently "
-                "ignores a bare byte count"
-            )
-            continue
-        dev = m.group("dev")
-        if dev.isdigit() and int(dev) >= visible_devices:
-            problems.append(
-                f"{entry!r} names device {dev}, but a replica sees {visible_devices} device(s) "
-                "(its own GPU as device 0); MPS drops every limit in the list when one names a "
-                "device the client cannot see"
-            )
-    return problems
 
 
 # ---- the daemon -----------------------------------------------------------------------------

@@ -18,12 +18,11 @@ from __future__ import annotations
 import atexit
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import StrEnum
 from types import ModuleType
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from serve_app import env
+from serve_app.gpu.readings import GpuMemory, NvmlError, NvmlErrorKind, ReadingSource
 
 __all__ = [
     "FAKE_NVML_VAR",
@@ -46,62 +45,6 @@ __all__ = [
 FAKE_NVML_VAR = env.FAKE_NVML_VAR
 
 T = TypeVar("T")
-
-
-class NvmlErrorKind(StrEnum):
-    """Why an NVML reading is missing."""
-
-    LIBRARY_NOT_FOUND = "library_not_found"
-    DRIVER_NOT_LOADED = "driver_not_loaded"
-    GPU_LOST = "gpu_lost"
-    NOT_SUPPORTED = "not_supported"
-    NOT_FOUND = "not_found"
-    NO_PERMISSION = "no_permission"
-    UNINITIALIZED = "uninitialized"
-    TIMEOUT = "timeout"
-    SCRIPT = "script"
-    UNKNOWN = "unknown"
-
-
-@dataclass(frozen=True)
-class NvmlError:
-    """A failed NVML call as a value: ``kind`` for code, ``message`` for people."""
-
-    kind: NvmlErrorKind
-    message: str
-
-
-@dataclass(frozen=True)
-class GpuMemory:
-    """Device-level memory of one GPU, every process included (Ray's and everyone else's).
-
-    With memory info v2 ``used_bytes`` excludes the driver's ``reserved_bytes``, so
-    ``total_bytes = free_bytes + used_bytes + reserved_bytes``; with v1 ``reserved_bytes`` is 0.
-    """
-
-    uuid: str
-    total_bytes: int
-    free_bytes: int
-    used_bytes: int
-    reserved_bytes: int = 0
-
-
-class ReadingSource(Protocol):
-    """Where readings come from: the driver, or a script in tests (``scripted`` True)."""
-
-    scripted: bool
-
-    def device_memory(self, uuid: str) -> GpuMemory | NvmlError: ...
-
-    def all_devices(self) -> list[GpuMemory] | NvmlError: ...
-
-    def process_used_bytes(self, pid: int, uuid: str) -> int | None | NvmlError: ...
-
-    def processes(self, uuid: str) -> dict[int, int] | NvmlError: ...
-
-    def mps_client_pids(self, uuid: str) -> set[int] | NvmlError: ...
-
-    def mps_blockers(self) -> list[str] | NvmlError: ...
 
 
 # NVML return codes (nvml.h) -> our kinds. Numbers, not pynvml constants, so a fake module

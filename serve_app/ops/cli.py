@@ -18,7 +18,7 @@ def _default_config() -> str:
 
 
 def cmd_check(path: str) -> int:
-    from serve_app.config.args import check_deploy_config, load_deploy_config
+    from serve_app.config.deploy import check_deploy_config, load_deploy_config
     from serve_app.errors import ConfigError
 
     try:
@@ -36,7 +36,7 @@ def cmd_check(path: str) -> int:
 
 
 def cmd_run(path: str, haproxy: bool, ready_timeout_s: float) -> int:
-    from serve_app.config.args import load_deploy_config
+    from serve_app.config.deploy import load_deploy_config
     from serve_app.errors import ServeAppError
     from serve_app.ops import launch
 

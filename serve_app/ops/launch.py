@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from serve_app import env
-from serve_app.config.args import check_deploy_config, enforcements
+from serve_app.config.deploy import check_deploy_config, enforcements
 from serve_app.errors import ConfigError, StartupError
 from serve_app.gpu import mps
 from serve_app.startup import warmpool

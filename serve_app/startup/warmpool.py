@@ -362,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     --head`` on a cluster that will serve CONFIG (what ``serve-app run`` sets itself)."""
     import sys
 
-    from serve_app.config.args import load_deploy_config
+    from serve_app.config.deploy import load_deploy_config
     from serve_app.errors import ConfigError
 
     args = sys.argv[1:] if argv is None else argv

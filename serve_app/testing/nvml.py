@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from serve_app import env
-from serve_app.gpu import nvml
-from serve_app.gpu.nvml import GpuMemory, NvmlError, NvmlErrorKind
+from serve_app.gpu.readings import GpuMemory, NvmlError, NvmlErrorKind, ReadingSource
 
 
 class ScriptedSource:
@@ -167,7 +166,7 @@ def _scripted_error(kind: Any, where: str) -> NvmlError:
     return NvmlError(parsed, f"scripted NVML error {kind!r} for {where}")
 
 
-def scripted_uuid(source: nvml.ReadingSource, index: int) -> str | None:
+def scripted_uuid(source: ReadingSource, index: int) -> str | None:
     """The UUID of torch's device ``index`` under a script: the script's devices, sorted by
     UUID, play the physical GPUs, and ``CUDA_VISIBLE_DEVICES`` (which Ray sets) picks among
     them."""

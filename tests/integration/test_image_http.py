@@ -175,14 +175,14 @@ def test_unknown_model_is_404_json(image_app: dict[str, Any]) -> None:
 
 def test_weights_file_is_used(image_app: dict[str, Any], tmp_path: Path) -> None:
     # The served scores equal the in-process model's with the same seeded weights.
-    from serve_app.adapters.image.adapter import ImageClassifierAdapter
+    from serve_app.adapters.image import build
     from serve_app.config.args import parse_args
 
     torch.manual_seed(7)
     state = build_resnet("resnet18").state_dict()
     path = tmp_path / "w.pt"
     torch.save(state, str(path))
-    adapter = ImageClassifierAdapter(
+    model = build(
         parse_args(
             {
                 "adapter": "image-classification",
@@ -192,10 +192,10 @@ def test_weights_file_is_used(image_app: dict[str, Any], tmp_path: Path) -> None
             }
         )
     )
-    adapter.setup(torch.device("cpu"))
+    model.backend.setup(torch.device("cpu"))
     blob = encode_image("PNG", (30, 60, 90))
-    decoded = adapter.decode(blob, "image/png", {})
-    scores, ids = adapter.predict(decoded.items)[0]
+    decoded = model.decode(blob, "image/png", {})
+    scores, ids = model.backend.predict(decoded.items)[0]
     resp = classify(image_app["base"], content=blob, headers={"content-type": "image/png"})
     assert resp.status_code == 200, resp.text[:500]
     top = resp.json()["data"][0]["top_k"]

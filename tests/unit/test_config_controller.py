@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from serve_app.config.args import check_deploy_config, load_deploy_config
+from serve_app.config.deploy import check_deploy_config, load_deploy_config
 from serve_app.ops.cli import main
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "controller.yaml"

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from serve_app.config.args import check_deploy_config
+from serve_app.config.deploy import check_deploy_config
 from serve_app.ops import launch
 
 ROOT = Path(__file__).resolve().parents[2]

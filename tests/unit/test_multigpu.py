@@ -239,7 +239,7 @@ def test_replicas_per_gpu_from_a_jobs_server_report() -> None:
 
 
 def test_grab_config_pins_controller_yaml_once_per_gpu() -> None:
-    from serve_app.config.args import check_deploy_config
+    from serve_app.config.deploy import check_deploy_config
 
     doc = grab_config([A, B], 8123, 4, "cuda")
     assert check_deploy_config(doc) == []

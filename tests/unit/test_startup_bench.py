@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from load_tests.startup_bench import rows
-from serve_app.config.args import check_deploy_config
+from serve_app.config.deploy import check_deploy_config
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30

@@ -276,7 +276,7 @@ def test_plan_is_replica_major_with_the_noop_last_at_each_count() -> None:
 
 
 def test_serve_app_doc_is_the_default_config_with_dummy_fp16_weights() -> None:
-    from serve_app.config.args import check_deploy_config
+    from serve_app.config.deploy import check_deploy_config
 
     cfg = {"server_cores": list(range(16))}
     doc = serve_app_doc("resnet50", 12, cfg, 8123)

@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serve_app.config.args import AppArgs, check_deploy_config, load_deploy_config, parse_args
+from serve_app.config.args import AppArgs, parse_args
+from serve_app.config.deploy import check_deploy_config, load_deploy_config
 from serve_app.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_defaults() -> None:

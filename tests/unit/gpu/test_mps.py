@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from serve_app.config.args import check_deploy_config, parse_args
+from serve_app.config.args import parse_args
+from serve_app.config.deploy import check_deploy_config
 from serve_app.control.monitor import Escape, GpuMonitor, WatchedReplica, find_escapes
 from serve_app.errors import ConfigError, StartupError
 from serve_app.gpu import mps, nvml

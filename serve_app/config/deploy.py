@@ -1,0 +1,161 @@
+"""Checks of whole ``serve deploy`` files: Ray Serve's own schema, then each serve_app
+application's args and its deployments (shares per GPU, MPS settings, the headroom policy's
+kwargs). ``serve-app check`` and ``serve-app run`` report every problem with its field path."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from serve_app.config.args import IMPORT_PATH, MPS_VARS, AppArgs, validation_messages
+from serve_app.errors import ConfigError
+
+_LIMIT_ENTRY = re.compile(r"^(?P<dev>GPU-[0-9a-fA-F-]+|MIG-[^=]+|\d+)=(?P<num>\d+)(?P<unit>[MG])$")
+
+
+def check_limit_value(value: str, visible_devices: int = 1) -> list[str]:
+    """Problems with a ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` value that the driver would drop
+    without a word: a bare number (no ``M``/``G``), or a device index the client cannot see
+    (which drops every entry). Empty when the value is sound."""
+    problems = []
+    for entry in (e.strip() for e in value.split(",")):
+        m = _LIMIT_ENTRY.match(entry)
+        if m is None:
+            problems.append(
+                f"{entry!r} is not DEVICE=SIZE with a unit (e.g. 0=4096M or 0=4G); MPS silently "
+                "ignores a bare byte count"
+            )
+            continue
+        dev = m.group("dev")
+        if dev.isdigit() and int(dev) >= visible_devices:
+            problems.append(
+                f"{entry!r} names device {dev}, but a replica sees {visible_devices} device(s) "
+                "(its own GPU as device 0); MPS drops every limit in the list when one names a "
+                "device the client cannot see"
+            )
+    return problems
+
+
+def check_deploy_config(doc: Any) -> list[str]:
+    """Validate a whole ``serve deploy`` document; returns every error with its field path."""
+    errors: list[str] = []
+    if not isinstance(doc, dict) or not isinstance(doc.get("applications"), list):
+        return ["applications: missing; a Serve config needs a list of applications"]
+    from ray.serve.schema import ServeDeploySchema
+
+    try:
+        ServeDeploySchema.model_validate(doc)
+    except ValidationError as exc:
+        errors.extend(validation_messages(exc, prefix=""))
+    for i, app in enumerate(doc["applications"]):
+        if not isinstance(app, dict):
+            continue
+        if app.get("import_path") != IMPORT_PATH:
+            continue
+        where = f"applications[{i}]"
+        try:
+            args = AppArgs.model_validate(app.get("args") or {})
+        except ValidationError as exc:
+            errors.extend(validation_messages(exc, prefix=f"{where}.args"))
+            continue
+        errors.extend(_check_deployments(args, app.get("deployments") or [], where))
+    return errors
+
+
+def _check_deployments(args: AppArgs, deployments: list[Any], where: str) -> list[str]:
+    errors: list[str] = []
+    for j, dep in enumerate(deployments):
+        if not isinstance(dep, dict):
+            continue
+        path = f"{where}.deployments[{j}]"
+        opts = dep.get("ray_actor_options") or {}
+        num_gpus = opts.get("num_gpus", 0) or 0
+        fraction = args.memory.memory_fraction
+        if fraction is not None and num_gpus and fraction > num_gpus:
+            errors.append(
+                f"{where}.args.memory.memory_fraction: {fraction} is larger than "
+                f"{path}.ray_actor_options.num_gpus ({num_gpus}); a replica's cap must fit in "
+                "its GPU share: lower memory_fraction or raise num_gpus"
+            )
+        errors.extend(_check_mps_deployment(args, opts, num_gpus, where, path))
+        if isinstance(num_gpus, (int, float)) and num_gpus > 1:
+            errors.append(
+                f"{path}.ray_actor_options.num_gpus: {num_gpus} is more than one GPU; "
+                "serve_app replicas use one GPU or a share of one: use a value in (0, 1]"
+            )
+        policy = (dep.get("autoscaling_config") or {}).get("policy") or {}
+        if isinstance(policy, dict) and str(policy.get("policy_function", "")).startswith(
+            "serve_app."
+        ):
+            from serve_app.control.policy import reading_delay_errors, validate_policy_kwargs
+
+            where_kwargs = f"{path}.autoscaling_config.policy.policy_kwargs"
+            problems = validate_policy_kwargs(policy.get("policy_kwargs") or {})
+            if not problems:
+                problems = reading_delay_errors(dep.get("autoscaling_config") or {})
+            for msg in problems:
+                # Model-level problems already start with "policy_kwargs"; fields do not.
+                rest = (
+                    msg.removeprefix("policy_kwargs")
+                    if msg.startswith("policy_kwargs")
+                    else f".{msg}"
+                )
+                errors.append(where_kwargs + rest)
+    return errors
+
+
+def _check_mps_deployment(
+    args: AppArgs, opts: dict[str, Any], num_gpus: Any, where: str, path: str
+) -> list[str]:
+    """MPS settings that would fail at start-up, or silently not apply, said at check time."""
+    errors: list[str] = []
+    enforcement = args.memory.enforcement
+    env_vars = ((opts.get("runtime_env") or {}).get("env_vars") or {}) if opts else {}
+    if enforcement != "torch" and not num_gpus:
+        errors.append(
+            f"{where}.args.memory.enforcement: {enforcement} needs a GPU share, but "
+            f"{path}.ray_actor_options.num_gpus is not set; set it (e.g. 0.25) or use "
+            "enforcement: torch"
+        )
+    if not isinstance(env_vars, dict):
+        return errors
+    for var in MPS_VARS:
+        if var in env_vars and enforcement != "torch":
+            errors.append(
+                f"{path}.ray_actor_options.runtime_env.env_vars.{var}: serve_app sets it for "
+                f"each replica under enforcement {enforcement} (from num_gpus, memory_fraction "
+                "and compute_share); remove it"
+            )
+    limit = env_vars.get(MPS_VARS[0])
+    if limit is not None and enforcement == "torch":
+        for problem in check_limit_value(str(limit)):
+            errors.append(f"{path}.ray_actor_options.runtime_env.env_vars.{MPS_VARS[0]}: {problem}")
+    return errors
+
+
+def enforcements(doc: dict[str, Any]) -> dict[str, str]:
+    """``memory.enforcement`` of each serve_app application in a (checked) deploy config."""
+    out: dict[str, str] = {}
+    for i, app in enumerate(doc.get("applications") or []):
+        if isinstance(app, dict) and app.get("import_path") == IMPORT_PATH:
+            args = AppArgs.model_validate(app.get("args") or {})
+            out[str(app.get("name", f"applications[{i}]"))] = args.memory.enforcement
+    return out
+
+
+def load_deploy_config(path: str | Path) -> dict[str, Any]:
+    """Read a YAML deploy config; raise ConfigError if it is not valid YAML."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}; pass a path such as configs/default.yaml")
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{p}: expected a mapping with 'applications', got {type(doc).__name__}")
+    return doc
