@@ -29,15 +29,17 @@ import numpy as np
 import pytest
 import torch
 
-from serve_app.adapters.embeddings.adapter import GRAPH_LENGTHS, EmbeddingAdapter
-from serve_app.adapters.image.adapter import ImageClassifierAdapter
+from serve_app.adapters.embeddings.backend import GRAPH_LENGTHS, SentenceEncoder
+from serve_app.adapters.image.backend import ImageClassifier
 from serve_app.config.args import parse_args
-from serve_app.gpu.graphs import GraphMemoryLimit, GraphSet
+from serve_app.gpu.graphs import GraphMemory, GraphSet
+from serve_app.gpu.snapshot import DeviceMemory
 
 pytestmark = pytest.mark.gpu
 
 DEVICE = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 GRAPH_MAX = 64
+NO_LIMIT = GraphMemory(DeviceMemory(DEVICE))  # the device's readings, no limit on the graphs
 
 
 def _eager(adapter: Any, items: list[Any]) -> list[Any]:
@@ -56,11 +58,11 @@ def _full_probs(out: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
 
 
 def test_resnet_graphs_match_eager() -> None:
-    adapter = ImageClassifierAdapter(
+    adapter = ImageClassifier(
         parse_args({"adapter": "image-classification", "load_format": "dummy", "dtype": "float16"})
     )
     adapter.setup(DEVICE)
-    graphs = adapter.capture_graphs(GRAPH_MAX)
+    graphs = adapter.capture_graphs(GRAPH_MAX, None, NO_LIMIT)
     assert isinstance(graphs, GraphSet) and len(graphs) == 10 and not graphs.skipped
     rng = np.random.default_rng(0)
     for n in (5, 1, 3, 13, 64, 2, 65, 100):
@@ -79,11 +81,11 @@ def test_resnet_graphs_match_eager() -> None:
 
 
 def test_minilm_graphs_match_eager() -> None:
-    adapter = EmbeddingAdapter(
+    adapter = SentenceEncoder(
         parse_args({"adapter": "embeddings", "load_format": "dummy", "dtype": "float16"})
     )
     adapter.setup(DEVICE)
-    graphs = adapter.capture_graphs(GRAPH_MAX)
+    graphs = adapter.capture_graphs(GRAPH_MAX, None, NO_LIMIT)
     lengths = [n for n in GRAPH_LENGTHS if n <= adapter.max_tokens]
     assert len(graphs) == 10 * len(lengths) and not graphs.skipped
     rng = random.Random(0)
@@ -107,7 +109,7 @@ def test_minilm_graphs_match_eager() -> None:
 def test_capture_under_a_tight_cap_skips_what_does_not_fit() -> None:
     gc.collect()  # the earlier tests' adapters and graphs (a reference cycle through forward)
     torch.cuda.empty_cache()
-    adapter = EmbeddingAdapter(
+    adapter = SentenceEncoder(
         parse_args({"adapter": "embeddings", "load_format": "dummy", "dtype": "float16"})
     )
     adapter.setup(DEVICE)
@@ -118,7 +120,7 @@ def test_capture_under_a_tight_cap_skips_what_does_not_fit() -> None:
         (torch.cuda.memory_reserved(DEVICE) + room) / total, DEVICE
     )
     try:
-        graphs = adapter.capture_graphs(GRAPH_MAX)
+        graphs = adapter.capture_graphs(GRAPH_MAX, None, NO_LIMIT)
         assert graphs.skipped, "every shape fit: the cap was not tight; lower room"
         assert len(graphs) > 0, "no shape fit: the cap was too tight; raise room"
         small = [[101, 2000, 2001, 102]]
@@ -137,12 +139,12 @@ def test_the_memory_limit_keeps_large_shapes_eager() -> None:
     run eagerly and give the same results, and the graphs stay about within the limit."""
     gc.collect()
     torch.cuda.empty_cache()
-    adapter = EmbeddingAdapter(
+    adapter = SentenceEncoder(
         parse_args({"adapter": "embeddings", "load_format": "dummy", "dtype": "float16"})
     )
     adapter.setup(DEVICE)
     limit = 16 * 1024**2
-    graphs = adapter.capture_graphs(GRAPH_MAX, None, GraphMemoryLimit(limit))
+    graphs = adapter.capture_graphs(GRAPH_MAX, None, GraphMemory(DeviceMemory(DEVICE), limit))
     info = graphs.describe()
     assert graphs.over_limit, f"every shape fit within {limit} bytes: lower the limit ({info})"
     assert len(graphs) > 0, f"no shape fit within {limit} bytes: raise the limit ({info})"
@@ -163,28 +165,29 @@ def test_the_memory_limit_keeps_large_shapes_eager() -> None:
 # would find them loaded and add nothing outside torch to measure.
 _REFIT_SCRIPT = """
 import json, torch
-from serve_app.adapters.embeddings.adapter import EmbeddingAdapter
+from serve_app.adapters.embeddings.backend import SentenceEncoder
 from serve_app.config.args import parse_args
-from serve_app.gpu.partition import NON_TORCH_RESERVE_BYTES, Partition
-from serve_app.startup.pipeline import graph_memory_limit, graph_room_bytes
+from serve_app.gpu.capping import start_partition
+from serve_app.gpu.partition import NON_TORCH_RESERVE_BYTES
+from serve_app.startup.capture import graph_memory
 args = parse_args({"adapter": "embeddings", "load_format": "dummy", "dtype": "float16"})
-partition = Partition.start(args, 0.25)
+partition = start_partition(args, 0.25)
 before = partition.budget
-adapter = EmbeddingAdapter(args)
+adapter = SentenceEncoder(args)
 adapter.setup(partition.device)
-limit = graph_memory_limit(partition, graph_room_bytes(partition))
+limit = graph_memory(partition, partition.room_beside_allocated_bytes())
 graphs = adapter.capture_graphs(64, None, limit)
 growth = partition.refit("test")
 after = partition.budget
 proc = partition.process_bytes()
 print(json.dumps({
     "graphs": len(graphs), "graphs_outside_torch_bytes": graphs.outside_torch_bytes,
-    "limit_has_reading": limit is not None and limit.outside_torch_bytes is not None,
+    "limit_has_reading": limit.limit_bytes is not None and limit.outside_torch_bytes is not None,
     "growth_bytes": growth, "non_torch_growth_bytes": partition.non_torch_growth_bytes,
     "reserve_bytes": NON_TORCH_RESERVE_BYTES,
     "non_torch_reserve_bytes": partition.non_torch_reserve_bytes,
     "before": before.__dict__, "after": after.__dict__,
-    "outside_now_bytes": proc - int(torch.cuda.memory_reserved(partition.device)),
+    "outside_now_bytes": proc - partition.memory.reserved_bytes(),
     "refit_again": partition.refit("again"),
 }))
 """
@@ -228,7 +231,7 @@ def test_capture_within_the_startup_budget_then_the_rest_while_serving(
 ) -> None:
     gc.collect()
     torch.cuda.empty_cache()
-    adapter = EmbeddingAdapter(
+    adapter = SentenceEncoder(
         parse_args({"adapter": "embeddings", "load_format": "dummy", "dtype": "float16"})
     )
     adapter.setup(DEVICE)
@@ -236,7 +239,7 @@ def test_capture_within_the_startup_budget_then_the_rest_while_serving(
     # any): a tenth of a second leaves most of them for later.
     budget_s = 0.1
     t0 = time.perf_counter()
-    graphs = adapter.capture_graphs(GRAPH_MAX, budget_s)
+    graphs = adapter.capture_graphs(GRAPH_MAX, budget_s, NO_LIMIT)
     startup_s = time.perf_counter() - t0
     at_start = graphs.describe()
     total = 10 * len([n for n in GRAPH_LENGTHS if n <= adapter.max_tokens])
@@ -322,7 +325,7 @@ def test_minilm_attention_launches_no_cudnn_kernel(results_dir: Path) -> None:
     ``attention_kernels.json``."""
     from torch.nn import functional as F
 
-    adapter = EmbeddingAdapter(
+    adapter = SentenceEncoder(
         parse_args({"adapter": "embeddings", "load_format": "dummy", "dtype": "float16"})
     )
     adapter.setup(DEVICE)

@@ -48,8 +48,12 @@ from PIL import Image
 
 pytest.importorskip("torchvision.io")
 
-from serve_app.adapters.image.adapter import ImageClassifierAdapter  # noqa: E402
-
+from serve_app.adapters.contract import Model  # noqa: E402
+from serve_app.adapters.image import build  # noqa: E402
+from serve_app.adapters.image.decoder_memory import (  # noqa: E402
+    DecoderMemory,
+    measure_decoder_bytes,
+)
 from serve_app.adapters.image.files import (  # noqa: E402
     EncodedImage,
     encoded_image,
@@ -57,12 +61,7 @@ from serve_app.adapters.image.files import (  # noqa: E402
     synthetic_jpeg,
     worst_case_size,
 )
-from serve_app.adapters.image.gpudecode import (  # noqa: E402
-    DecoderMemory,
-    GpuJpegDecoder,
-    measure_decoder_bytes,
-    nvjpeg_decoder,
-)
+from serve_app.adapters.image.gpudecode import GpuJpegDecoder, nvjpeg_decoder  # noqa: E402
 from serve_app.adapters.image.resize import crop_box, resize_crops  # noqa: E402
 from serve_app.config.args import parse_args  # noqa: E402
 from serve_app.errors import BadRequest, ItemError  # noqa: E402
@@ -150,43 +149,44 @@ def image_args(**extra: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def adapter() -> ImageClassifierAdapter:
+def adapter() -> Model:
     torch.cuda.set_device(DEVICE)
     torch.manual_seed(0)
-    a = ImageClassifierAdapter(image_args())
-    a.setup(DEVICE)
+    a = build(image_args())
+    a.backend.setup(DEVICE)
     return a
 
 
 @pytest.fixture(scope="module")
-def crops(adapter: ImageClassifierAdapter) -> dict[str, Any]:
+def crops(adapter: Model) -> dict[str, Any]:
     """The cases through both paths: the GPU path's items and crops, the CPU path's crops."""
     blobs = [blob for _, blob, _ in CASES]
     items = adapter.decode(json_body(blobs), "application/json", {}).items
-    gpu_crops, errors = adapter._gpu_batch(items)
+    gpu_crops, errors = adapter.backend._gpu_batch(items)
     torch.cuda.synchronize(DEVICE)
     cpu_crops = np.stack([pillow_crop(b, i, SIZE, MAX_PIXELS) for i, b in enumerate(blobs)])
     return {"items": items, "gpu": gpu_crops, "errors": errors, "cpu": cpu_crops}
 
 
-def test_adapter_on_a_gpu_decodes_jpegs_there(
-    adapter: ImageClassifierAdapter, results_dir: Path
-) -> None:
-    cpu_only = ImageClassifierAdapter(image_args(image_decode="cpu"))
-    cpu_only.setup(DEVICE)
+def test_adapter_on_a_gpu_decodes_jpegs_there(adapter: Model, results_dir: Path) -> None:
+    cpu_only = build(image_args(image_decode="cpu"))
+    cpu_only.backend.setup(DEVICE)
     record(
         results_dir,
         "paths",
-        {"auto": adapter.describe()["image_decode"], "cpu": cpu_only.describe()["image_decode"]},
+        {
+            "auto": adapter.backend.describe()["image_decode"],
+            "cpu": cpu_only.backend.describe()["image_decode"],
+        },
     )
-    assert adapter.decode_inline is True and adapter.describe()["image_decode"] == "gpu"
-    assert cpu_only.decode_inline is False and cpu_only.describe()["image_decode"] == "cpu"
+    assert adapter.decode_inline is True and adapter.backend.describe()["image_decode"] == "gpu"
+    assert cpu_only.decode_inline is False and cpu_only.backend.describe()["image_decode"] == "cpu"
     (item,) = cpu_only.decode(CASES[0][1], "image/jpeg", {}).items
     assert isinstance(item, np.ndarray) and item.shape == (SIZE, SIZE, 3)
 
 
 def test_gpu_crops_match_the_cpu_path(
-    adapter: ImageClassifierAdapter, crops: dict[str, Any], results_dir: Path
+    adapter: Model, crops: dict[str, Any], results_dir: Path
 ) -> None:
     items, gpu, cpu = crops["items"], crops["gpu"].cpu().numpy(), crops["cpu"]
     decode = nvjpeg_decoder(DEVICE)
@@ -234,15 +234,15 @@ def test_gpu_crops_match_the_cpu_path(
 
 
 def test_logits_match_the_cpu_path_within_fp16(
-    adapter: ImageClassifierAdapter, crops: dict[str, Any], results_dir: Path
+    adapter: Model, crops: dict[str, Any], results_dir: Path
 ) -> None:
     with torch.inference_mode():
-        (gpu_logits,) = adapter._forward(crops["gpu"])
-        (cpu_logits,) = adapter._forward(torch.from_numpy(crops["cpu"]).to(DEVICE))
+        (gpu_logits,) = adapter.backend._forward(crops["gpu"])
+        (cpu_logits,) = adapter.backend._forward(torch.from_numpy(crops["cpu"]).to(DEVICE))
     lg, lc = gpu_logits.float().cpu().numpy(), cpu_logits.float().cpu().numpy()
     rel = np.abs(lg - lc).max(axis=1) / np.abs(lc).max(axis=1)
-    gpu_out = adapter.predict(crops["items"])
-    cpu_out = adapter.predict(list(crops["cpu"]))
+    gpu_out = adapter.backend.predict(crops["items"])
+    cpu_out = adapter.backend.predict(list(crops["cpu"]))
     prob_diff, top_ok = [], []
     for g, c in zip(gpu_out, cpu_out, strict=True):
         pg, pc = full_probs(g), full_probs(c)
@@ -263,9 +263,7 @@ def test_logits_match_the_cpu_path_within_fp16(
     assert all(top_ok), top_ok
 
 
-def test_bad_images_fail_their_own_request_only(
-    adapter: ImageClassifierAdapter, results_dir: Path
-) -> None:
+def test_bad_images_fail_their_own_request_only(adapter: Model, results_dir: Path) -> None:
     good = [blob for _, blob, _ in CASES[:3]]
     whole = good[1]
     broken = bytearray(whole)
@@ -281,10 +279,10 @@ def test_bad_images_fail_their_own_request_only(
     ]
     items = [*first, *second, *by_hand]
     assert [x.gpu for x in items] == [True, False, True, False, True, True]
-    assert adapter._gpu is not None
-    fallbacks = adapter._gpu.fallbacks
-    outputs = adapter.predict(items)
-    refused = adapter._gpu.fallbacks - fallbacks
+    assert adapter.backend._gpu is not None
+    fallbacks = adapter.backend._gpu.fallbacks
+    outputs = adapter.backend.predict(items)
+    refused = adapter.backend._gpu.fallbacks - fallbacks
     errors = {i: o.error.to_json() for i, o in enumerate(outputs) if isinstance(o, ItemError)}
     record(results_dir, "bad_images", {"errors": errors, "nvjpeg_refused": refused})
     assert sorted(errors) == [1, 3, 4]
@@ -295,31 +293,29 @@ def test_bad_images_fail_their_own_request_only(
         assert errors[slot] == expected.to_json(), slot
     assert refused == 2  # the garbage and the PNG
     cpu = [pillow_crop(b, 0, SIZE, MAX_PIXELS) for b in (good[0], good[2], png)]
-    alone = adapter.predict(cpu)
+    alone = adapter.backend.predict(cpu)
     for got, want in zip([outputs[0], outputs[2], outputs[5]], alone, strict=True):
         assert not isinstance(got, ItemError)
         pg, pc = full_probs(got), full_probs(want)
         assert np.abs(pg - pc).max() <= 0.05 * pc.max()
 
 
-def test_calibration_items_run_through_predict(
-    adapter: ImageClassifierAdapter, results_dir: Path
-) -> None:
+def test_calibration_items_run_through_predict(adapter: Model, results_dir: Path) -> None:
     t0 = time.perf_counter()
-    items = adapter.worst_case_items(3)
+    items = adapter.backend.worst_case_items(3)
     made_s = time.perf_counter() - t0
     torch.cuda.reset_peak_memory_stats(DEVICE)
-    assert adapter._gpu is not None
-    fallbacks = adapter._gpu.fallbacks
+    assert adapter.backend._gpu is not None
+    fallbacks = adapter.backend._gpu.fallbacks
     t0 = time.perf_counter()
-    outputs = adapter.predict(items)
+    outputs = adapter.backend.predict(items)
     torch.cuda.synchronize(DEVICE)
     record(
         results_dir,
         "calibration_items",
         {
             "largest": worst_case_size(MAX_PIXELS),
-            "nvjpeg_refused": adapter._gpu.fallbacks - fallbacks,  # those went to Pillow
+            "nvjpeg_refused": adapter.backend._gpu.fallbacks - fallbacks,  # those went to Pillow
             "make_s": round(made_s, 3),
             "predict_s": round(time.perf_counter() - t0, 3),
             "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(DEVICE)),
@@ -329,20 +325,20 @@ def test_calibration_items_run_through_predict(
     assert len(outputs) == 3 and not any(isinstance(o, ItemError) for o in outputs)
 
 
-def test_throughput_against_pillow(adapter: ImageClassifierAdapter, results_dir: Path) -> None:
+def test_throughput_against_pillow(adapter: Model, results_dir: Path) -> None:
     """Recorded, not asserted: decode and crop per second, GPU path against one Pillow thread."""
-    assert adapter._gpu is not None
+    assert adapter.backend._gpu is not None
     same = [encode(scene((500, 375), 20 + i), quality=90) for i in range(16)]
     varied = [encode(scene((400 + i, 300 + 2 * i), 40 + i), quality=90) for i in range(64)]
     figures: dict[str, float] = {}
     for name, blobs, repeat in (("same_size", same * 16, 3), ("64_sizes", varied * 4, 3)):
         rows = [(i, encoded_image(b, i, MAX_PIXELS)) for i, b in enumerate(blobs)]
         out = torch.empty((len(rows), SIZE, SIZE, 3), dtype=torch.uint8, device=DEVICE)
-        adapter._gpu.decode_into(out, rows)  # warm
+        adapter.backend._gpu.decode_into(out, rows)  # warm
         torch.cuda.synchronize(DEVICE)
         t0 = time.perf_counter()
         for _ in range(repeat):
-            adapter._gpu.decode_into(out, rows)
+            adapter.backend._gpu.decode_into(out, rows)
         torch.cuda.synchronize(DEVICE)
         figures[f"gpu_{name}_batch_{len(rows)}_per_s"] = (
             repeat * len(rows) / (time.perf_counter() - t0)
@@ -376,6 +372,7 @@ def _warm_torch_kernels() -> None:
 def _memory_probe(out_path: str) -> None:
     """The start-up measurement, then the decoder's worst-case work with NVML sampled."""
     from serve_app.gpu import devices, nvml
+    from serve_app.gpu.snapshot import DeviceMemory
 
     torch.cuda.set_device(DEVICE)
     torch.zeros(1, device=DEVICE)
@@ -403,7 +400,7 @@ def _memory_probe(out_path: str) -> None:
 
     _warm_torch_kernels()
     baseline = non_torch()
-    memory = measure_decoder_bytes(DEVICE, MAX_PIXELS, used)
+    memory = measure_decoder_bytes(DeviceMemory(DEVICE, uuid), MAX_PIXELS)
     after_probe = non_torch()
 
     samples: list[int] = []

@@ -220,8 +220,9 @@ class Texts:
     """Texts of a given token count, measured with the same tokenizer the replicas use."""
 
     def __init__(self) -> None:
-        from serve_app.adapters.embeddings.adapter import SKELETON_DIR, default_model_dir
         from transformers import AutoTokenizer
+
+        from serve_app.adapters.embeddings.modeldir import SKELETON_DIR, default_model_dir
 
         model_dir = default_model_dir() or SKELETON_DIR
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
@@ -972,27 +973,31 @@ def calibrate_in_process(
 
     import torch
 
-    from serve_app.adapters import make_adapter
+    from serve_app import adapters
     from serve_app.config.args import parse_args
     from serve_app.gpu import nvml
     from serve_app.gpu.calibrate import candidate_sizes
-    from serve_app.gpu.partition import Partition
+    from serve_app.gpu.capping import start_partition
+    from serve_app.gpu.graphs import graph_batch_limit
     from serve_app.gpu.snapshot import is_torch_oom
-    from serve_app.startup.pipeline import calibrate_batch_size, capture_graphs, graph_batch_limit
+    from serve_app.startup.calibration import calibrate_batch_size
+    from serve_app.startup.capture import capture_graphs
 
     if nvml.is_scripted():
         nvml.set_source(nvml.NvmlSource())
     app_args = parse_args(args)
-    partition = Partition.start(app_args, num_gpus)
+    family = adapters.family(app_args)
+    partition = start_partition(app_args, num_gpus, family.outside_torch_hook(app_args))
     assert partition.budget is not None
     budget = partition.budget
     device = partition.device
-    adapter = make_adapter(app_args)
+    model = family.build(app_args)
+    adapter = model.backend
     out: dict[str, Any] = {"cap_bytes": budget.cap_bytes, "overhead_bytes": budget.overhead_bytes}
     try:
         adapter.setup(device)
         if app_args.cuda_graphs:  # as the replica does: graphs first, calibration beside them
-            capture_graphs(adapter, partition, graph_batch_limit(app_args))
+            capture_graphs(model, partition, graph_batch_limit(app_args))
         result = calibrate_batch_size(
             adapter, partition, app_args.memory.calibration_max_batch_size
         )

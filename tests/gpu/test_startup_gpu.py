@@ -207,7 +207,7 @@ def test_gpu_count_reads_nvml_without_torch() -> None:
     import sys
 
     script = (
-        "import sys, json; from serve_app import launch; n = launch.gpu_count(); "
+        "import sys, json; from serve_app.ops import launch; n = launch.gpu_count(); "
         "had = 'torch' in sys.modules; import torch; "
         "print(json.dumps([n, had, torch.cuda.device_count()]))"
     )
