@@ -275,7 +275,8 @@ def r_minilm_1(ctx: Ctx) -> str:
                 ]
             )
     header = ["run", "replicas x GPU", "GPU sharing", "wrk req/s", "no-op req/s, same host"]
-    header += ["serve_app / no-op", "open-loop req/s", "p50", "p99", "errors (wrk / open-loop)"]
+    header += ["serve_app / no-op", "open-loop req/s", "open-loop p50", "open-loop p99"]
+    header += ["errors (wrk / open-loop)"]
     header += ["over budget (wrk)", "NVML samples/s per replica (wrk / open-loop)"]
     return table(header, body)
 
@@ -301,7 +302,8 @@ def _items_table(ctx: Ctx, names: Sequence[str], model: str, ipr: int, unit: str
             body.append(row)
     header = ["run", "replicas x GPU", "GPU sharing"] + (["wrk req/s"] if ipr > 1 else [])
     header += [f"wrk {unit}/s", "x in-process best, same host", f"open-loop {unit}/s"]
-    header += ["p50", "p99", "over budget (wrk)", "NVML samples/s per replica (wrk / open-loop)"]
+    header += ["open-loop p50", "open-loop p99", "over budget (wrk)"]
+    header += ["NVML samples/s per replica (wrk / open-loop)"]
     return table(header, body)
 
 
@@ -627,7 +629,7 @@ def _kill_series(detail: Mapping[str, Any]) -> str:
     )
     if len(measured) < len(oor):
         bad = ", ".join(f"{x:g}" for x in oor if x < 0)
-        text += f" ({len(measured)} kills; {len(oor) - len(measured)} recorded {bad}: no measure)"
+        text += f" ({len(measured)} kills; {len(oor) - len(measured)} recorded {bad}, not a measurement)"
     return text
 
 
