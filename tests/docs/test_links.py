@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs.conftest import ROOT
+ROOT = Path(__file__).resolve().parents[2]
+
 
 DOCS = sorted(
     {
