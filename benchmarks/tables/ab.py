@@ -18,8 +18,13 @@ from benchmarks.tables.common import (
 from benchmarks.tables.throughput import TP_DIR
 
 RUN9 = f"{TP_DIR}/I_minilm_r8_ab_97e0303_vs_head/run9_abba_475a289"
-RUN9_SIDES = (("1_head", "475a289"), ("2_base", "97e0303"), ("3_base", "97e0303"))
-RUN9_SIDES += (("4_head", "475a289"),)
+# (folder, code) in the order they ran; the code is named in the run's README.md.
+RUN9_SIDES: tuple[tuple[str, str], ...] = (
+    ("1_head", "475a289"),
+    ("2_base", "97e0303"),
+    ("3_base", "97e0303"),
+    ("4_head", "475a289"),
+)
 
 
 def _run9(ctx: Ctx) -> list[tuple[str, str, Row, Row]]:

@@ -22,6 +22,11 @@ BLOCK, INLINE = "block", "inline"
 Row = Mapping[str, Any]
 
 
+def field(row: Mapping[str, Any] | None, key: str) -> Any:
+    """``row[key]``, or None when there is no row (a setup skipped or not measured)."""
+    return None if row is None else row[key]
+
+
 def fmt_rate(value: float | None) -> str:
     if value is None:
         return "-"

@@ -19,6 +19,7 @@ from benchmarks.tables.throughput import TP_DIR, pairs, run
 def r_readme_headline(ctx: Ctx) -> str:
     b = run(ctx, "B_minilm_r8_r12_r16")
     w, ol = next((w, o) for w, o in pairs(b, "minilm", 1) if w["replicas"] == 12)
+    assert ol is not None, "run B's 12-replica open-loop row"
     e, em = run(ctx, "E_resnet_r16"), run(ctx, "E_resnet_r16_mps")
     ew = e.served("resnet50", 1, "wrk")[0]
     emw = em.served("resnet50", 1, "wrk")[0]

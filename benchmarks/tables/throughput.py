@@ -15,6 +15,7 @@ from benchmarks.tables.common import (
     Ctx,
     Renderer,
     Row,
+    field,
     fmt_ms,
     fmt_range,
     fmt_rate,
@@ -188,9 +189,9 @@ def r_minilm_1(ctx: Ctx) -> str:
                     fmt_rate(w["requests_per_s"]),
                     fmt_rate(noop),
                     fmt_x(ratio),
-                    fmt_rate(ol and ol["requests_per_s"]),
-                    fmt_ms(ol and ol["p50_ms"]),
-                    fmt_ms(ol and ol["p99_ms"]),
+                    fmt_rate(field(ol, "requests_per_s")),
+                    fmt_ms(field(ol, "p50_ms")),
+                    fmt_ms(field(ol, "p99_ms")),
                     f"{w['errors']} / {ol['errors'] if ol else '-'}",
                     budget_cell(w),
                     hz_cell(w, ol),
@@ -215,9 +216,9 @@ def _items_table(ctx: Ctx, names: Sequence[str], model: str, ipr: int, unit: str
             row += [
                 fmt_rate(w["items_per_s"]),
                 fmt_x(float(w["items_per_s"]) / best if best else None),
-                fmt_rate(ol and ol["items_per_s"]),
-                fmt_ms(ol and ol["p50_ms"]),
-                fmt_ms(ol and ol["p99_ms"]),
+                fmt_rate(field(ol, "items_per_s")),
+                fmt_ms(field(ol, "p50_ms")),
+                fmt_ms(field(ol, "p99_ms")),
                 budget_cell(w),
                 hz_cell(w, ol),
             ]
@@ -268,7 +269,7 @@ def r_client_ceiling(ctx: Ctx) -> str:
                     "no-op" if payload == "noop" else f"`{payload}`",
                     f"{w.get('client_cores')} / {w.get('server_cores')}",
                     fmt_rate(w["requests_per_s"]),
-                    fmt_rate(o and o["requests_per_s"]),
+                    fmt_rate(field(o, "requests_per_s")),
                 ]
             )
     header = ["run", "payload", "client / server cores", "wrk req/s"]
