@@ -1,0 +1,175 @@
+"""The fault suites (``reliability/``), each run's rows apart, and the CPU soaks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from benchmarks.tables.common import (
+    BLOCK,
+    GIB,
+    INLINE,
+    MB,
+    Ctx,
+    Renderer,
+    fmt_range,
+    load,
+    table,
+)
+
+GPU_FAULT_RUNS = ("reliability/gpu_faults_h200_run1.json", "reliability/gpu_faults_h200_run2.json")
+CPU_FAULT_FILES = (
+    "reliability/faults_cpu.json",
+    "reliability/sigstop15_ray_defaults.json",
+    "reliability/sigstop15.json",
+    "reliability/sigstop40.json",
+    "reliability/gpu_faults_cpu_dry_run.json",
+)
+
+
+def _kill_series(detail: Mapping[str, Any]) -> str:
+    oor = [float(x) for x in detail["out_of_rotation_s"]]
+    measured = [x for x in oor if x >= 0]
+    text = (
+        f"{detail['kills']} of {detail['kills_asked']} kills in {detail['series_s']:g} s; "
+        f"replacements serving {fmt_range(detail['replacement_s'], 2)} s after their kill; "
+        f"each victim out of HAProxy's rotation {fmt_range(measured, 2)} s after its kill"
+    )
+    if len(measured) < len(oor):
+        bad = ", ".join(f"{x:g}" for x in oor if x < 0)
+        unmeasured = len(oor) - len(measured)
+        text += f" ({len(measured)} kills; {unmeasured} recorded {bad}, not a measurement)"
+    return text
+
+
+def _fault_notes(row: Mapping[str, Any]) -> str:
+    d = row.get("detail") or {}
+    fault = row["fault"]
+    if fault == "kill20":
+        return _kill_series(d)
+    if fault == "poisoned":
+        return f"the replica exited {d['exited_s']:g} s after the hook, its requests replayed"
+    if fault == "sigstop":
+        replaced = "replaced while stopped" if d.get("replaced_while_stopped") else "not replaced"
+        return (
+            f"out of rotation {d['out_of_rotation_s']:g} s after SIGSTOP; stopped "
+            f"{d['stopped_s']:g} s, {replaced}; neighbours {d['neighbour_answers']:,} answers, "
+            f"{d['neighbour_lost']} lost, {d['neighbour_failed']} failed"
+        )
+    if fault == "hog":
+        if "hog" not in d:
+            return str(d.get("skipped", "-"))
+        h = d["hog"]
+        return (
+            f"another process took {h['taken_bytes'] / GIB:.1f} GiB, leaving "
+            f"{h['free_while_held_bytes'] / GIB:.2f} GiB free for {h['held_s']:g} s; "
+            f"{d['requests_while_hogged']:,} requests meanwhile, "
+            f"{d['lost_while_hogged']} lost, {d['failed_while_hogged']} failed"
+        )
+    if fault == "overload_3x":
+        s = d.get("statuses", {})
+        text = f"capacity {d['capacity_rps']:g} req/s, offered {d['offered_rps']:g}"
+        if "items_per_request" in d:
+            text += f" ({d['items_per_request']} texts a request)"
+        text += f"; {s.get('503', 0):,} x 503, {s.get('200', 0):,} x 200"
+        if "accepted_p99_s" in d:
+            text += f" (p99 {d['accepted_p99_s']:g} s)"
+        return text
+    if fault.startswith("hostile:"):
+        return f"answer {d.get('answer')} in {d.get('took_s'):g} s"
+    return "-"
+
+
+def _fault_row(row: Mapping[str, Any]) -> list[str]:
+    rec = row.get("recovery_s")
+    return [
+        f"`{row['fault']}`",
+        f"{row['sent']:,}",
+        str(row["lost"]),
+        f"{row['failed']:,}",
+        "-" if rec is None else f"{rec:g}",
+        _fault_notes(row),
+    ]
+
+
+def r_gpu_faults(ctx: Ctx) -> str:
+    body = []
+    lines = []
+    for i, rel in enumerate(GPU_FAULT_RUNS, start=1):
+        d = load(ctx.results / rel)
+        for row in d["rows"]:
+            body.append([f"{i} ({ctx.link(rel, 'JSON')})", *_fault_row(row)])
+        watch = d.get("memory")
+        judged = (
+            f"{watch['budget_violations']} budget violations in {watch['nvml_samples_judged']:,} "
+            f"NVML samples of {watch['replica_pids_judged']} replica processes"
+            if watch
+            else "no NVML budget judging recorded"
+        )
+        lines.append(
+            f"- Run {i}: `complete: {str(d['complete']).lower()}`, {d['took_s']:g} s, faults "
+            f"{', '.join(r['fault'] for r in d['rows'])}; {judged}."
+        )
+    header = ["run", "fault", "sent", "lost", "failed", "recovery_s", "what the JSON shows"]
+    return table(header, body) + "\n\n" + "\n".join(lines)
+
+
+def r_cpu_faults(ctx: Ctx) -> str:
+    body = []
+    for rel in CPU_FAULT_FILES:
+        d = load(ctx.results / rel)
+        for row in d["rows"]:
+            body.append([ctx.link(rel), *_fault_row(row)])
+    header = ["file", "fault", "sent", "lost", "failed", "recovery_s", "what the JSON shows"]
+    return table(header, body)
+
+
+SOAK_FILES = ("reliability/soak_cpu_120s.json", "reliability/soak_cpu_600s.json")
+
+
+def r_soak_cpu(ctx: Ctx) -> str:
+    body = []
+    for rel in SOAK_FILES:
+        d = load(ctx.results / rel)
+        t, v = d["totals"], d["verdict"]
+        reps = v["replicas"]
+        body.append(
+            [
+                ctx.link(rel),
+                f"`{str(d['commit'])[:7]}`",
+                f"{d['cli']['duration_s']:g} s",
+                f"{d['rate_rps']:g} ({d['peak_rps']:g})",
+                f"{t['sent']:,}",
+                str(t["lost"]),
+                str(t["failed"]),
+                fmt_range((r["rss_spread_bytes"] / MB for r in reps), 1, " MB"),
+                fmt_range((r["rss_slope_bytes_per_min"] / MB for r in reps), 1, " MB/min"),
+                "yes" if v["flat"] else "no",
+            ]
+        )
+    header = ["file", "commit", "duration", "req/s offered (peak)", "sent", "lost", "failed"]
+    header += ["RSS spread per replica after warm-up", "RSS slope", "flat"]
+    return table(header, body)
+
+
+def _kill20(ctx: Ctx) -> Mapping[str, Any]:
+    rows = load(ctx.results / GPU_FAULT_RUNS[1])["rows"]
+    return next(r for r in rows if r["fault"] == "kill20")["detail"]
+
+
+def r_kill20_oor(ctx: Ctx) -> str:
+    return fmt_range((x for x in _kill20(ctx)["out_of_rotation_s"] if x >= 0), 2, " s")
+
+
+def r_kill20_negative(ctx: Ctx) -> str:
+    oor = _kill20(ctx)["out_of_rotation_s"]
+    return "; ".join(f"kill {i} of {len(oor)}: {x:g} s" for i, x in enumerate(oor, 1) if x < 0)
+
+
+RENDERERS: dict[str, tuple[str, Renderer]] = {
+    "gpu-faults": (BLOCK, r_gpu_faults),
+    "cpu-faults": (BLOCK, r_cpu_faults),
+    "kill20-out-of-rotation": (INLINE, r_kill20_oor),
+    "kill20-negative": (INLINE, r_kill20_negative),
+    "soak-cpu": (BLOCK, r_soak_cpu),
+}

@@ -1,0 +1,365 @@
+"""The throughput runs of 2026-11-30 (``throughput_runs/[A-H]*``): each run's own
+``throughput.json`` and ``meta.json``; the code each ran is the note written by hand into the
+merged ``throughput.json``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from benchmarks.tables.common import (
+    BLOCK,
+    INLINE,
+    Ctx,
+    Renderer,
+    Row,
+    field,
+    fmt_ms,
+    fmt_range,
+    fmt_rate,
+    fmt_x,
+    load,
+    table,
+)
+
+TP_DIR = "throughput_runs"
+# The runs of 2026-11-30 in the order the tables show them. The letter is the device lease.
+RUNS_MINILM_1 = ("A_minilm_r4_r12_wait5ms", "B_minilm_r8_r12_r16", "C_minilm_r16_mps")
+RUNS_MINILM_16 = ("B_minilm_r8_r12_r16", "C_minilm_r16_mps")
+RUNS_RESNET = ("C_resnet_r12_noop_r12_r16", "E_resnet_r16", "E_resnet_r16_mps")
+RUNS_MPS_AB = (
+    "F_minilm16_r4_r8_r12_timesliced",
+    "G_minilm16_r4_r8_timesliced",
+    "G_minilm16_r4_r8_mps",
+    "H_minilm16_r4_r8_r12_mps",
+)
+RUNS_ALL = tuple(dict.fromkeys(RUNS_MINILM_1 + RUNS_RESNET + RUNS_MPS_AB))
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    rows: list[dict[str, Any]]
+    meta: dict[str, Any]
+
+    @property
+    def letter(self) -> str:
+        return self.name[0]
+
+    @property
+    def host(self) -> str:
+        """The host, told apart by its first GPU's UUID (meta.json's ``host`` is "vm" on all)."""
+        return str(self.meta["machine"]["gpus"][0]["uuid"])
+
+    @property
+    def mps(self) -> bool:
+        return any(r.get("mps") for r in self.served())
+
+    def served(
+        self, model: str | None = None, ipr: int | None = None, client: str | None = None
+    ) -> list[dict[str, Any]]:
+        return [
+            r
+            for r in self.rows
+            if r.get("setup") == "serve_app"
+            and r.get("status") == "ok"
+            and (model is None or r.get("model") == model)
+            and (ipr is None or r.get("inputs_per_request") == ipr)
+            and (client is None or r.get("client") == client)
+        ]
+
+
+def run(ctx: Ctx, name: str) -> Run:
+    d = ctx.results / TP_DIR / name
+    return Run(name, load(d / "throughput.json"), load(d / "meta.json"))
+
+
+def hand_commits(ctx: Ctx) -> dict[str, str]:
+    """The code each run was said to run: ``throughput.json``'s ``commit``, written by hand when
+    the runs were merged (the runs' own meta.json files record no commit)."""
+    return {r["run"]: str(r["commit"]) for r in load(ctx.results / "throughput.json")}
+
+
+def nvml_hz(row: Row) -> float | None:
+    """NVML samples judged per replica per second over the row's whole window (a wrk row spans
+    all its tries, not the one ``duration_s`` names)."""
+    t0, t1, n = row.get("started_unix_s"), row.get("ended_unix_s"), row.get("nvml_samples")
+    if t0 is None or t1 is None or not n or t1 <= t0:
+        return None
+    return float(n) / float(row["replicas"]) / (float(t1) - float(t0))
+
+
+def pairs(r: Run, model: str, ipr: int) -> Iterator[tuple[Row, Row | None]]:
+    """(wrk row, open-loop row) per replica count, in the run's order."""
+    for w in r.served(model, ipr, "wrk"):
+        ol = [o for o in r.served(model, ipr, "open-loop") if o["replicas"] == w["replicas"]]
+        yield w, (ol[0] if ol else None)
+
+
+def same_host(ctx: Ctx, r: Run) -> list[Run]:
+    return [x for x in (run(ctx, n) for n in RUNS_ALL) if x.host == r.host]
+
+
+def ceiling(ctx: Ctx, r: Run, model: str) -> float | None:
+    """The model's in-process best on the same host (same GPU UUID), when one was measured."""
+    for x in same_host(ctx, r):
+        for row in x.rows:
+            if row.get("setup") == "in_process" and row.get("model") == model:
+                return float(row["ceiling_items_per_s"])
+    return None
+
+
+def noop_wrk(ctx: Ctx, r: Run, replicas: int) -> float | None:
+    """Plain Ray Serve's no-op at the same replica count on the same host, with wrk."""
+    for x in same_host(ctx, r):
+        for row in x.rows:
+            if (
+                row.get("setup") == "ray_serve_noop"
+                and row.get("client") == "wrk"
+                and row.get("replicas") == replicas
+                and row.get("status") == "ok"
+            ):
+                return float(row["requests_per_s"])
+    return None
+
+
+def run_cell(ctx: Ctx, r: Run) -> str:
+    return ctx.link(f"{TP_DIR}/{r.name}/", r.letter)
+
+
+def layout(row: Row) -> str:
+    return f"{row['replicas']} x {row['num_gpus']:g}"
+
+
+def sharing(row: Row) -> str:
+    return "MPS" if row.get("mps") else "time-sliced"
+
+
+def budget_cell(row: Row | None) -> str:
+    if row is None or row.get("budget_violations") is None:
+        return "-"
+    return f"{row['budget_violations']} of {row['nvml_samples']:,}"
+
+
+def _hz_text(row: Row | None) -> str:
+    hz = nvml_hz(row) if row is not None else None
+    return "-" if hz is None else f"{hz:.1f}"
+
+
+def hz_cell(w: Row, ol: Row | None) -> str:
+    return f"{_hz_text(w)} / {_hz_text(ol)}"
+
+
+def r_throughput_runs(ctx: Ctx) -> str:
+    commits = hand_commits(ctx)
+    body = []
+    for name in RUNS_ALL:
+        r = run(ctx, name)
+        cores = r.meta.get("cores") or {}
+        started = datetime.fromtimestamp(float(r.meta["created_unix_s"]), UTC)
+        body.append(
+            [
+                run_cell(ctx, r),
+                f"`{name}`",
+                f"`{r.host[:12]}`",
+                started.strftime("%Y-%m-%d %H:%M"),
+                f"{cores.get('server')} / {cores.get('client')}",
+                commits.get(name, "not recorded"),
+            ]
+        )
+    header = ["run", "folder", "host (first GPU's UUID)", "started (UTC)"]
+    header += ["server / client cores", "code, as written by hand in throughput.json"]
+    return table(header, body)
+
+
+def r_minilm_1(ctx: Ctx) -> str:
+    body = []
+    for name in RUNS_MINILM_1:
+        r = run(ctx, name)
+        for w, ol in pairs(r, "minilm", 1):
+            noop = noop_wrk(ctx, r, int(w["replicas"]))
+            ratio = float(w["requests_per_s"]) / noop if noop else None
+            body.append(
+                [
+                    run_cell(ctx, r),
+                    layout(w),
+                    sharing(w),
+                    fmt_rate(w["requests_per_s"]),
+                    fmt_rate(noop),
+                    fmt_x(ratio),
+                    fmt_rate(field(ol, "requests_per_s")),
+                    fmt_ms(field(ol, "p50_ms")),
+                    fmt_ms(field(ol, "p99_ms")),
+                    f"{w['errors']} / {ol['errors'] if ol else '-'}",
+                    budget_cell(w),
+                    hz_cell(w, ol),
+                ]
+            )
+    header = ["run", "replicas x GPU", "GPU sharing", "wrk req/s", "no-op req/s, same host"]
+    header += ["serve_app / no-op", "open-loop req/s", "open-loop p50", "open-loop p99"]
+    header += ["errors (wrk / open-loop)"]
+    header += ["over budget (wrk)", "NVML samples/s per replica (wrk / open-loop)"]
+    return table(header, body)
+
+
+def _items_table(ctx: Ctx, names: Sequence[str], model: str, ipr: int, unit: str) -> str:
+    body = []
+    for name in names:
+        r = run(ctx, name)
+        best = ceiling(ctx, r, model)
+        for w, ol in pairs(r, model, ipr):
+            row = [run_cell(ctx, r), layout(w), sharing(w)]
+            if ipr > 1:
+                row.append(fmt_rate(w["requests_per_s"]))
+            row += [
+                fmt_rate(w["items_per_s"]),
+                fmt_x(float(w["items_per_s"]) / best if best else None),
+                fmt_rate(field(ol, "items_per_s")),
+                fmt_ms(field(ol, "p50_ms")),
+                fmt_ms(field(ol, "p99_ms")),
+                budget_cell(w),
+                hz_cell(w, ol),
+            ]
+            body.append(row)
+    header = ["run", "replicas x GPU", "GPU sharing"] + (["wrk req/s"] if ipr > 1 else [])
+    header += [f"wrk {unit}/s", "x in-process best, same host", f"open-loop {unit}/s"]
+    header += ["open-loop p50", "open-loop p99", "over budget (wrk)"]
+    header += ["NVML samples/s per replica (wrk / open-loop)"]
+    return table(header, body)
+
+
+def r_minilm_16(ctx: Ctx) -> str:
+    return _items_table(ctx, RUNS_MINILM_16, "minilm", 16, "texts")
+
+
+def r_resnet(ctx: Ctx) -> str:
+    return _items_table(ctx, RUNS_RESNET, "resnet50", 1, "images")
+
+
+def r_in_process(ctx: Ctx) -> str:
+    body = []
+    for name in RUNS_ALL:
+        r = run(ctx, name)
+        for row in r.rows:
+            if row.get("setup") == "in_process" and row.get("status") == "ok":
+                body.append(
+                    [
+                        run_cell(ctx, r),
+                        str(row["model"]),
+                        fmt_rate(row["ceiling_items_per_s"]),
+                        str(row["ceiling_batch"]),
+                    ]
+                )
+    return table(["run", "model", "best items/s", "at batch"], body)
+
+
+def r_client_ceiling(ctx: Ctx) -> str:
+    body = []
+    for name in RUNS_ALL:
+        r = run(ctx, name)
+        rows = [x for x in r.rows if x.get("setup") == "client_ceiling"]
+        for payload in dict.fromkeys(x.get("payload") for x in rows):
+            w = next(x for x in rows if x.get("payload") == payload and x["client"] == "wrk")
+            o = next((x for x in rows if x.get("payload") == payload and x is not w), None)
+            body.append(
+                [
+                    run_cell(ctx, r),
+                    "no-op" if payload == "noop" else f"`{payload}`",
+                    f"{w.get('client_cores')} / {w.get('server_cores')}",
+                    fmt_rate(w["requests_per_s"]),
+                    fmt_rate(field(o, "requests_per_s")),
+                ]
+            )
+    header = ["run", "payload", "client / server cores", "wrk req/s"]
+    return table(header + ["open-loop sustained req/s"], body)
+
+
+def _texts(ctx: Ctx, name: str, replicas: int) -> tuple[Run, Row] | None:
+    r = run(ctx, name)
+    rows = [w for w in r.served("minilm", 16, "wrk") if w["replicas"] == replicas]
+    return (r, rows[0]) if rows else None
+
+
+def r_mps_ab(ctx: Ctx) -> str:
+    pairings = [
+        (4, "G_minilm16_r4_r8_timesliced", "G_minilm16_r4_r8_mps"),
+        (8, "G_minilm16_r4_r8_timesliced", "G_minilm16_r4_r8_mps"),
+        (4, "F_minilm16_r4_r8_r12_timesliced", "H_minilm16_r4_r8_r12_mps"),
+        (8, "F_minilm16_r4_r8_r12_timesliced", "H_minilm16_r4_r8_r12_mps"),
+        (12, "F_minilm16_r4_r8_r12_timesliced", "H_minilm16_r4_r8_r12_mps"),
+    ]
+    body = []
+    for replicas, ts_name, mps_name in pairings:
+        ts, mp = _texts(ctx, ts_name, replicas), _texts(ctx, mps_name, replicas)
+        if ts is None or mp is None:
+            continue
+        (ts_run, ts_row), (mp_run, mp_row) = ts, mp
+        body.append(
+            [
+                layout(ts_row),
+                f"{fmt_rate(ts_row['items_per_s'])} ({run_cell(ctx, ts_run)})",
+                f"{fmt_rate(mp_row['items_per_s'])} ({run_cell(ctx, mp_run)})",
+                f"{float(mp_row['items_per_s']) / float(ts_row['items_per_s']):.2f}",
+                "yes" if ts_run.host == mp_run.host else "no",
+                f"{budget_cell(ts_row)} / {budget_cell(mp_row)}",
+                " / ".join(_hz_text(x) for x in (ts_row, mp_row)),
+            ]
+        )
+    header = ["replicas x GPU", "time-sliced texts/s", "`enforcement: mps` texts/s"]
+    header += ["MPS / time-sliced", "same host", "over budget (time-sliced / MPS)"]
+    return table(header + ["NVML samples/s per replica (time-sliced / MPS)"], body)
+
+
+def r_mps_loss_same_host(ctx: Ctx) -> str:
+    """How much fewer texts/s MPS served than time-slicing on the same host (run G)."""
+    losses = []
+    for replicas in (4, 8):
+        ts = _texts(ctx, "G_minilm16_r4_r8_timesliced", replicas)
+        mp = _texts(ctx, "G_minilm16_r4_r8_mps", replicas)
+        if ts and mp:
+            losses.append(100 * (1 - float(mp[1]["items_per_s"]) / float(ts[1]["items_per_s"])))
+    return fmt_range(losses, 0, "%")
+
+
+def _hz_values(ctx: Ctx, names: Sequence[str], model: str) -> list[float]:
+    out = []
+    for name in names:
+        for row in run(ctx, name).served(model):
+            hz = nvml_hz(row)
+            if hz is not None:
+                out.append(hz)
+    return out
+
+
+def r_hz_minilm(ctx: Ctx) -> str:
+    return fmt_range(_hz_values(ctx, RUNS_MINILM_1, "minilm"))
+
+
+def r_hz_resnet(ctx: Ctx) -> str:
+    return fmt_range(_hz_values(ctx, ("C_resnet_r12_noop_r12_r16", "E_resnet_r16"), "resnet50"))
+
+
+def r_hz_resnet_mps(ctx: Ctx) -> str:
+    return fmt_range(_hz_values(ctx, ("E_resnet_r16_mps",), "resnet50"))
+
+
+def r_hz_mps_ab(ctx: Ctx) -> str:
+    return fmt_range(_hz_values(ctx, RUNS_MPS_AB, "minilm"))
+
+
+RENDERERS: dict[str, tuple[str, Renderer]] = {
+    "throughput-runs": (BLOCK, r_throughput_runs),
+    "throughput-minilm-1": (BLOCK, r_minilm_1),
+    "throughput-minilm-16": (BLOCK, r_minilm_16),
+    "throughput-resnet": (BLOCK, r_resnet),
+    "throughput-in-process": (BLOCK, r_in_process),
+    "throughput-client-ceiling": (BLOCK, r_client_ceiling),
+    "mps-vs-timesliced": (BLOCK, r_mps_ab),
+    "mps-loss-same-host": (INLINE, r_mps_loss_same_host),
+    "nvml-hz-minilm": (INLINE, r_hz_minilm),
+    "nvml-hz-resnet": (INLINE, r_hz_resnet),
+    "nvml-hz-resnet-mps": (INLINE, r_hz_resnet_mps),
+    "nvml-hz-mps-ab": (INLINE, r_hz_mps_ab),
+}
