@@ -1,10 +1,9 @@
 """CUDA graphs for a replica's forward pass.
 
-Launching a forward pass eagerly costs the replica's CPU (and its GIL) a few milliseconds
-whatever the batch size: about 3.8 ms for ResNet-50 and 2.9 ms for MiniLM on the H200 host.
-Replaying the same pass captured as a CUDA graph costs about 0.02 ms of CPU, and at batch 1 it
-is done in 0.9 ms and 0.3 ms (``docs/results/profile/replica/launch_probe.json``). At the
-small batches that online traffic brings, that launch *is* the cost of a batch.
+Launching a forward pass eagerly costs the replica's CPU (and its GIL) milliseconds whatever the
+batch size; replaying the same pass captured as a CUDA graph costs a hundredth of that
+(benchmarks/results/profile/replica/launch_probe.json). At the small batches that online traffic
+brings, that launch *is* the cost of a batch.
 
 ``GraphSet`` captures a forward function once per input shape (a batch size bucket, and for
 token models a length bucket) and replays it: the batch is copied into the first rows of static
@@ -48,8 +47,9 @@ CAPTURE_WARMUP_RUNS = 2
 # can end up all pool, and then even a single input has no room to run eagerly (507).
 GRAPH_POOL_ROOM_SHARE = 0.5
 # Below this much room, a replica runs eagerly: each capture's eager warm-up loads kernels
-# outside torch, and a MiniLM replica's graphs took about 0.3 GiB in all on the H200 (pool
-# and memory outside torch), which would leave a small cap little room for eager batches.
+# outside torch, and a MiniLM replica's graphs take about 0.3 GiB in all (pool and memory
+# outside torch: benchmarks/results/startup/graph_memory_probe_h200.json), which would leave a
+# small cap little room for eager batches.
 GRAPH_MIN_ROOM_BYTES = 1 << 30
 
 

@@ -7,8 +7,9 @@ driver refuses a client's allocations past ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``,
 library asks. ``memory.enforcement`` picks: ``torch`` (the PyTorch cap alone, the default),
 ``mps`` (the driver's limit alone) or ``both``.
 
-What the H200 showed (``load_tests/mps_probe.py``, table in docs/mps.md), and what this module
-does about each:
+What the driver does (research/mps_probe.py on the H200:
+benchmarks/results/mps/mps_probe.json, table in docs/mps.md), and what this module does about
+each:
 
 - The limit is read once, when CUDA initialises in the process (``cuInit``, which
   ``torch.cuda.is_available()`` already calls). Set later, it is silently ignored. A replica

@@ -35,7 +35,8 @@ REFIT_NEAR_CAP = 0.9
 REFIT_EVERY_S = 5.0
 # Kept free under the cap from the first refit on, for growth outside torch not yet seen: refit
 # counts growth only after it happened. Each step of growth measured after start-up's first
-# launch was well under this (benchmarks/journal/2026-12-01-startup.md, memory test 2).
+# launch was well under this (memory test 2 in
+# benchmarks/journal/2026-12-01-startup-and-throughput-h200.md).
 NON_TORCH_RESERVE_BYTES = 64 * 1024 * 1024
 
 

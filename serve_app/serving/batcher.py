@@ -4,9 +4,9 @@ Ray Serve 2.60's ``@serve.batch`` forms a batch when requests *arrive*: its loop
 ``batch_wait_timeout_s`` and hands the batch to a task that then waits for the model
 (``max_concurrent_batches``) without blocking the next collection. Under a steady stream that
 queues many batches of one or two items behind a busy model, so a backlog never turns into big
-batches (we measured 1.0 to 1.3 items per batch with 700 ms of queue on an H200; see
-docs/benchmarks.md). Here the one worker takes everything queued, up to ``max_batch_size``, at
-the moment the model is free, as Triton's dynamic batcher does. ``batch_wait_timeout_s`` only
+batches (benchmarks/journal/2026-11-29-side-by-side-and-cuda-graphs.md). Here the one worker
+takes everything queued, up to ``max_batch_size``, at the moment the model is free, as Triton's
+dynamic batcher does. ``batch_wait_timeout_s`` only
 delays a batch whose first item arrived less than that long ago: a backlog runs at once.
 
 Overload gets a clean, early no: the queue holds at most ``max_queued_items`` items (a request

@@ -17,7 +17,7 @@ logger = logging.getLogger("serve_app")
 # Under load, the step between batches captures the shapes that batches wanted (GraphSet.want)
 # for up to this long, and does nothing else: the rest waits for an idle moment, since doing it
 # under load cost a shared GPU's replicas much of their throughput
-# (benchmarks/journal/2026-12-01-startup.md).
+# (benchmarks/journal/2026-12-01-startup-and-throughput-h200.md).
 WANTED_CAPTURE_S = 0.25
 
 

@@ -1,17 +1,17 @@
 """A BERT encoder in plain PyTorch, with transformers' module names (BertModel's state dicts load
 as-is), for the embeddings adapter.
 
-Why not transformers' BertModel: importing it costs every Ray worker 4 to 6 s on the H200 host
-(transformers pulls torch.distributed, sklearn and sympy in through its model-loading code;
-docs/results/startup/import_probe_h200_*.json), and warm workers import it before they can take
-a replica, so it sat on the path of every cold start. This module imports torch alone.
+Why not transformers' BertModel: importing it costs every Ray worker seconds (transformers pulls
+torch.distributed, sklearn and sympy in through its model-loading code;
+benchmarks/results/startup/import_probe_h200_*.json), on the path of every cold start. This
+module imports torch alone.
 
 What it covers: ``model_type`` "bert" with absolute position embeddings, as an encoder (no
 decoder, no cross-attention), with the activations in ``ACTIVATIONS``: all-MiniLM-L6-v2 and
 the other BERT-based sentence-transformers models. ``unsupported`` names what a config asks
-for beyond that; the adapter then uses transformers' AutoModel and says so in its log and
-report. tests/unit/test_bert.py checks that it computes what transformers' BertModel computes,
-with the packaged weights.
+for beyond that; the backend then uses transformers' AutoModel and says so in its log and
+report. tests/unit/adapters/test_bert.py checks that it computes what transformers' BertModel
+computes, with the packaged weights.
 """
 
 from __future__ import annotations
@@ -26,14 +26,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from serve_app.errors import ConfigError
 
-# The attention kernels the encoders may use: any of SDPA's but cuDNN's. For a masked fp16
-# batch on the H200 (torch 2.11), SDPA picked cuDNN attention, which compiles a kernel with NVRTC
-# the first time it meets each new shape, for tens of milliseconds: a loaded MiniLM replica
-# spent two thirds of its model thread in nvrtcCompileProgram, capturing the CUDA graphs that
-# start-up had left for later, 20 s into the load (py-spy --native,
-# docs/results/profile/throughput_x1_r8_h200_e0b0349). The memory-efficient kernel takes the
-# same mask, precompiled. sdpa_kernel sets process-wide flags for the ``with`` block; a replica
-# runs its forward passes on one thread.
+# The attention kernels the encoders may use: any of SDPA's but cuDNN's, which compiles a kernel
+# with NVRTC for each new shape of a masked fp16 batch, tens of milliseconds each on a loaded
+# replica's model thread (benchmarks/results/profile/throughput_x1_r8_h200_e0b0349). The
+# memory-efficient kernel takes the same mask, precompiled. sdpa_kernel sets process-wide flags
+# for its ``with`` block: safe because a replica runs its forward passes on one thread.
 ATTENTION_BACKENDS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
 
 # config.json's hidden_act -> the function (transformers' ACT2FN names): "gelu" is the exact
