@@ -1,6 +1,8 @@
 """The throughput benchmark on the CPU: its clients against HAProxy's static no-op, and the
 documented dry run (``--device cpu --quick``, one input per request) end to end, bounded in
-time. wrk is used when this machine has it (.tools/wrk or PATH); else its rows must say so."""
+time. wrk (.tools/wrk or PATH) measured every req/s figure the docs give, so its path runs here:
+scripts/test.sh provides wrk (Debian's package) and sets SERVE_APP_REQUIRE_WRK=1, which makes a
+missing wrk a failure. Without that variable and without wrk, the rows must say "no wrk"."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from load_tests.benchmarks.throughput.measure import Clients, probe
 from load_tests.benchmarks.throughput.noop_server import NoopHAProxy
@@ -20,6 +24,16 @@ from load_tests.harness.wrk import WrkTarget, find_wrk
 
 ROOT = Path(__file__).resolve().parents[2]
 WRK = find_wrk(str(ROOT / ".tools" / "wrk"))
+REQUIRE_WRK = os.environ.get("SERVE_APP_REQUIRE_WRK") == "1"
+
+
+@pytest.fixture(autouse=True)
+def _wrk_when_required() -> None:
+    if REQUIRE_WRK and WRK is None:
+        pytest.fail(
+            "SERVE_APP_REQUIRE_WRK=1 but there is no wrk (.tools/wrk or on PATH): "
+            "scripts/test.sh installs Debian's wrk (apt-get install wrk)"
+        )
 
 
 def _cfg() -> dict[str, object]:
