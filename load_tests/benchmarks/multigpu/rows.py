@@ -118,7 +118,7 @@ def grab_sample(
     """One sample of the grab timeline; ``by_app``: counts of the requests sent to each GPU's
     application (ok/failed/lost), ``by_answering_gpu``: the same answers by who served them,
     ``answered_elsewhere``: answers of a GPU's application from a replica on another GPU (the
-    pinning failed). The keys load_tests/harness/plots.py draws are filled as totals, and per
+    pinning failed). The keys load_tests.harness.plots draws are filled as totals, and per
     GPU beside them."""
     dt = max(dt_s, 1e-3)
     errors = {u: c.get("failed", 0) + c.get("lost", 0) for u, c in by_app.items()}

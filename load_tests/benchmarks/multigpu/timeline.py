@@ -1,10 +1,9 @@
 """The grab part's timeline: a sample every 0.5 s in a thread (rows.grab_sample), the document
-rewritten as it goes, and its PNG through load_tests/harness/plots.py when matplotlib is
+rewritten as it goes, and its PNG through load_tests.harness.plots when matplotlib is
 installed (it is not required: the JSON is the record)."""
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 from collections.abc import Mapping
@@ -144,15 +143,13 @@ class Timeline:
 
 def plot(doc: dict[str, Any], png: Path) -> None:
     """The timeline's PNG when matplotlib is installed (noted, not required, when it is not)."""
-    if importlib.util.find_spec("matplotlib") is None:
-        doc["notes"].append(
-            f"matplotlib is not installed: no PNG; later: python load_tests/harness/plots.py "
-            f"{png.with_suffix('.json')}"
-        )
-        return
-    try:
-        from load_tests.harness.plots import plot_timeline
+    from load_tests.harness.plots import PlotsUnavailable, plot_timeline
 
+    try:
         doc["plot"] = str(plot_timeline(doc, png))
+    except PlotsUnavailable as exc:
+        doc["notes"].append(
+            f"no PNG: {exc}; then: python -m load_tests.harness.plots {png.with_suffix('.json')}"
+        )
     except Exception as exc:  # noqa: BLE001 - the JSON is the record; the plot can be redone
         doc["notes"].append(f"plotting failed: {type(exc).__name__}: {exc}")
