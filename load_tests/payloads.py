@@ -28,7 +28,7 @@ IMAGE_CONTENT_TYPES: dict[str, str] = {"jpeg": "image/jpeg", "png": "image/png"}
 # The model names serve_app answers to out of the box: `serve-app run` (configs/default.yaml and
 # AppArgs.model_name) serves "all-MiniLM-L6-v2"; an image-classification app with no model_name
 # answers to its arch, "resnet50". Any other name gets a 404, so every client default is these
-# (tests/unit/test_bench.py checks them against serve_app's config).
+# (tests/load_tests/test_payloads.py checks them against serve_app's config).
 DEFAULT_EMBEDDINGS_MODEL = "all-MiniLM-L6-v2"
 DEFAULT_IMAGE_MODEL = "resnet50"
 DEFAULT_MODELS: dict[str, str] = {

@@ -2,7 +2,7 @@
 # Compile Python bytecode for what a replica imports, as pip does by default when it installs.
 # The GPU host installs torch and our wheels without bytecode and sets PYTHONDONTWRITEBYTECODE=1,
 # so without this every Ray worker compiles torch, transformers, Ray... from source as it
-# starts (load_tests/import_probe: 13 to 24 s of imports per process there; docs/controller.md).
+# starts (research/import_probe: 13 to 24 s of imports per process there; docs/controller.md).
 # Writes __pycache__ next to the sources (the directories must be writable, as they are there).
 # Usage: bash scripts/compile_bytecode.sh   (after the GPU host's install line)
 set -u

@@ -7,15 +7,18 @@
 #   with MEMORY_TESTS=1 (they would not fit a 10-minute call after the rest).
 # Usage: OUT=/tmp/out bash scripts/gpu_faults_tests.sh   (after the install line of the GPU
 # host's README); FAULTS_BUDGET_S (400) and FAULTS_ARGS (e.g. "--only overload,kill20") pass on
-# to load_tests.gpu_faults.
+# to load_tests.reliability.gpu_faults. The copied tree has no .git: set
+# SERVE_APP_CODE_COMMIT=<commit>, which faults.json records as code_commit.
 set -u
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/gpu-out}"; RES=/tmp/gpu-results; mkdir -p "$OUT" "$RES"
 nvidia-smi -L
+[ -e .git ] || [ -n "${SERVE_APP_CODE_COMMIT:-}" ] \
+  || echo "WARNING: no .git and no SERVE_APP_CODE_COMMIT: the results will record no commit" >&2
 GPUS=$(nvidia-smi -L | grep -c '^GPU')
 faults() {
-  CUDA_VISIBLE_DEVICES=0 timeout 450 python3 -m load_tests.gpu_faults --device cuda \
-    --budget-s "${FAULTS_BUDGET_S:-400}" ${FAULTS_ARGS:-} --out "$OUT/faults.json" \
+  CUDA_VISIBLE_DEVICES=0 timeout 450 python3 -m load_tests.reliability.gpu_faults \
+    --device cuda --budget-s "${FAULTS_BUDGET_S:-400}" ${FAULTS_ARGS:-} --out "$OUT/faults.json" \
     > "$OUT/faults.log" 2>&1
   echo "fault suite exit $?" >> "$OUT/faults.log"
 }

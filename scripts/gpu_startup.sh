@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 11 on one H200, in one call of at most CALL_S seconds (default 585): bytecode compiled
 # as pip would (scripts/compile_bytecode.sh), the import probe and serve_app's BERT encoder
-# against transformers' BertModel (load_tests/encoder_ab.py) unless PROBES=0, the start-up and
+# against transformers' BertModel (research/encoder_ab.py) unless PROBES=0, the start-up and
 # CUDA graph GPU tests (calibration cache reuse and invalidation; deferred capture; the graphs'
 # memory limit; the torch cap's refit), the memory tests when MEMORY_TESTS=1 (1: budgets under
 # load; 2: the oversized replica within its cap beside steady ones; 3: start-up over budget;
@@ -9,16 +9,19 @@
 # MEMORY_TESTS=1, PROBES=0 leaves the bench enough time for 5 repeats.
 # Results under $OUT: startup.json, startup.log, import_probe.json, encoder_ab.json, tests.tgz.
 # Usage: OUT=/tmp/out bash scripts/gpu_startup.sh   (after the install line of the GPU host's
-# README)
+# README). The copied tree has no .git: set SERVE_APP_CODE_COMMIT=<commit>, which startup.json
+# records as code_commit.
 set -u
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/gpu-out}"; RES=/tmp/gpu-results; mkdir -p "$OUT" "$RES"
 T0=$(date +%s)
 nvidia-smi -L
+[ -e .git ] || [ -n "${SERVE_APP_CODE_COMMIT:-}" ] \
+  || echo "WARNING: no .git and no SERVE_APP_CODE_COMMIT: the results will record no commit" >&2
 bash scripts/compile_bytecode.sh
 if [ "${PROBES:-1}" = 1 ]; then
-  timeout 90 python3 -m load_tests.import_probe --out "$OUT/import_probe.json" --concurrent 1,16
-  timeout 180 python3 -m load_tests.encoder_ab --device cuda --graphs --out "$OUT/encoder_ab.json" \
+  timeout 90 python3 -m research.import_probe --out "$OUT/import_probe.json" --concurrent 1,16
+  timeout 180 python3 -m research.encoder_ab --device cuda --graphs --out "$OUT/encoder_ab.json" \
     > "$OUT/encoder_ab.log" 2>&1; echo "encoder A/B exit $?" >> "$OUT/encoder_ab.log"
 fi
 export CUDA_VISIBLE_DEVICES=0 SERVE_APP_RESULTS_DIR="$RES"
@@ -32,7 +35,7 @@ if [ "${MEMORY_TESTS:-0}" = 1 ]; then
 fi
 LEFT=$(( ${CALL_S:-585} - ($(date +%s) - T0) - 45 ))
 echo "start-up bench budget: $LEFT s"
-timeout $((LEFT + 40)) python3 -m load_tests.startup_bench --device cuda --repeats 5 \
+timeout $((LEFT + 40)) python3 -m load_tests.benchmarks.startup --device cuda --repeats 5 \
   --only "${BENCH_ONLY:-cold,replacement,decision}" \
   --budget-s "$LEFT" --out "$OUT/startup.json" > "$OUT/startup.log" 2>&1
 echo "start-up bench exit $?" >> "$OUT/startup.log"

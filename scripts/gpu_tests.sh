@@ -22,7 +22,7 @@ python3 -c "import httpx, matplotlib, pynvml; print('client libs ok')"
   timeout 400 python3 -m pytest -p no:cacheprovider -v -s tests/gpu/test_controller_gpu.py \
     > "$RES/ctl/pytest.log" 2>&1
   echo "controller test exit $?" >> "$RES/ctl/pytest.log"
-  timeout 150 python3 -m load_tests.cache_policy_cost --out "$RES/ctl" > "$RES/ctl/cache_cost.log" 2>&1
+  timeout 150 python3 -m research.cache_policy_cost --out "$RES/ctl" > "$RES/ctl/cache_cost.log" 2>&1
   echo "cache cost exit $?" >> "$RES/ctl/cache_cost.log"
 ) &
 wait

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Where the server side's CPU goes while load_tests.throughput loads MiniLM replicas with one
-# text per request: every process's CPU over a 5 s window of that load (from /proc), each thread
+# Where the server side's CPU goes while load_tests.benchmarks.throughput loads MiniLM replicas
+# with one text per request: every process's CPU over a 5 s window of that load (from /proc), each thread
 # of one replica, and py-spy's samples of that replica (all threads, 5 s). For a throughput
 # figure that falls short without the model thread being busy.
 # Usage, after the GPU host README's install line with .prof/py_spy-*.whl added to it (py-spy

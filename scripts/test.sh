@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Install serve_app with its test extras into .venv, then lint, type-check and run the tests.
-# This is the README's test command, and .ci/run calls exactly this.
+# Install serve_app with its test extras into .venv, provide wrk, then lint, type-check and run
+# the tests. This is the README's test command, and .ci/run calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# wrk first: without it the run would fail at its end (the throughput test requires it).
+bash scripts/ensure_wrk.sh
+export SERVE_APP_REQUIRE_WRK=1
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -qq --disable-pip-version-check -e '.[test]'

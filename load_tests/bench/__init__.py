@@ -12,18 +12,18 @@ Usage (CLI is thin; the library functions below are importable):
         --rates 5,10,20 --duration-s 15 --warmup-s 3 --out /tmp/bench --max-error-rate 0
 
 Importable: `poisson_schedule`, `percentile`, `summarise`, `is_loopback_url`, `build_requests`,
-`run_rate` (async), `MemorySampler`, `bench_document`, `plot_results`, `format_table`, `main`.
+`run_rate` (async), `bench_document`, `plot_results`, `format_table`, `main`.
 
 Modules: ``stats`` (pure functions), ``client`` (request bodies, the sharded HTTP client),
-``run`` (one open-loop rate), ``memory`` (NVML sampling), ``output`` (JSON, table, plots),
-``cli`` (the command line).
+``run`` (one open-loop rate), ``output`` (JSON, table, plots), ``cli`` (the command line). NVML
+sampling (``MemorySampler``) and the Poisson schedule are the shared harness's
+(load_tests.harness.nvml, load_tests.harness.schedule); the plots need the extra ``plots``.
 """
 
 from __future__ import annotations
 
 from load_tests.bench.cli import build_parser, main
 from load_tests.bench.client import PreparedRequest, ShardedClient, build_requests, make_client
-from load_tests.bench.memory import MemoryLog, MemorySampler
 from load_tests.bench.output import ProgressPrinter, bench_document, format_table, plot_results
 from load_tests.bench.run import Progress, RateResult, run_rate
 from load_tests.bench.stats import (
@@ -47,8 +47,6 @@ from load_tests.bench.stats import (
 __all__ = [
     "CONNECTIONS_PER_SHARD",
     "DEFAULT_MODELS",
-    "MemoryLog",
-    "MemorySampler",
     "N_IMAGE_VARIANTS",
     "N_TEXT_VARIANTS",
     "PERCENTILES",

@@ -16,10 +16,12 @@ import httpx
 
 from load_tests import payloads
 from load_tests.bench.client import PreparedRequest, build_requests, make_client
-from load_tests.bench.memory import MemorySampler
 from load_tests.bench.output import ProgressPrinter, bench_document, format_table, plot_results
 from load_tests.bench.run import RateResult, run_rate
 from load_tests.bench.stats import DEFAULT_MODELS, is_loopback_url, origin_url
+from load_tests.harness.meta import PROVENANCE_HELP, run_meta
+from load_tests.harness.nvml import MemorySampler
+from load_tests.harness.plots import PlotsUnavailable
 
 
 def _parse_rates(text: str) -> list[float]:
@@ -34,10 +36,15 @@ def _parse_rates(text: str) -> list[float]:
     return rates
 
 
+PROG = "python -m load_tests.bench"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m load_tests.bench",
+        prog=PROG,
         description="Open-loop Poisson load generator; latency measured from scheduled send time.",
+        epilog="--out also draws bench.png and memory.png when the extra 'plots' (matplotlib) is "
+        "installed. " + PROVENANCE_HELP,
     )
     p.add_argument(
         "--url", required=True, help="full endpoint URL, e.g. http://127.0.0.1:8000/v1/embeddings"
@@ -190,8 +197,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the sweep. Exit codes: 0 done, 1 --max-error-rate exceeded, 2 bad arguments,
     3 server not ready within --wait-ready-s.
 
-    bench.json layout: {schema_version, created_unix_s, config{...flags}, rates[{RateSummary
-    fields, seed, started_unix_s, ended_unix_s, scheduled, truncated, raw?[Record]}],
+    bench.json layout: {harness.meta.run_meta's fields (commit, dirty, dirty_files,
+    code_commit, host, cpu_count, gpu_name, utc, command), schema_version, created_unix_s,
+    config{...flags}, rates[{RateSummary fields, seed, started_unix_s, ended_unix_s,
+    scheduled, truncated, raw?[Record]}],
     memory{samples[{t_unix_s, source: "nvml"|"server", ...}], notes[str]},
     verdict{max_error_rate, worst_error_rate, passed}}.
     """
@@ -224,6 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except ValueError as exc:
         parser.error(str(exc))
+    run = run_meta(PROG, argv)
     sampler = None
     if a.memory_url or not a.no_nvml:
         sampler = MemorySampler(a.memory_url, not a.no_nvml, a.memory_interval_s).start()
@@ -238,7 +248,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         httpx_version=httpx.__version__,
         python_version=sys.version.split()[0],
     )
-    doc = bench_document(config, results, memory, raw=a.raw, max_error_rate=a.max_error_rate)
+    doc = bench_document(
+        config, results, memory, raw=a.raw, max_error_rate=a.max_error_rate, run=run
+    )
     print(format_table([r.summary for r in results]))
     for note in memory.notes if memory is not None else []:
         print(f"note: {note}", file=sys.stderr)
@@ -246,8 +258,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "bench.json").write_text(json.dumps(doc, indent=1, allow_nan=False))
         title = f"{a.kind} {a.url} batch={a.batch}"
-        written = plot_results(results, memory, a.out, title)
-        print(f"wrote {a.out / 'bench.json'} and {', '.join(str(p) for p in written)}")
+        try:
+            written = [str(p) for p in plot_results(results, memory, a.out, title)]
+        except PlotsUnavailable as exc:
+            written = []
+            print(f"no plots: {exc}", file=sys.stderr)
+        print(f"wrote {', '.join([str(a.out / 'bench.json'), *written])}")
     verdict = doc["verdict"]
     if not verdict["passed"]:
         print(

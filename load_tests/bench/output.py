@@ -10,9 +10,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
-from load_tests.bench.memory import MemoryLog
 from load_tests.bench.run import Progress, RateResult
 from load_tests.bench.stats import SCHEMA_VERSION, RateSummary
+from load_tests.harness.nvml import MemoryLog
+from load_tests.harness.plots import pyplot
 
 
 def bench_document(
@@ -22,8 +23,10 @@ def bench_document(
     *,
     raw: bool = False,
     max_error_rate: float | None = None,
+    run: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The bench.json document (see the module docstring of `main` for the layout)."""
+    """The bench.json document (see the module docstring of `main` for the layout); ``run``:
+    harness.meta.run_meta's provenance fields, first in the document."""
     rates = []
     for res in results:
         entry: dict[str, Any] = {
@@ -39,6 +42,7 @@ def bench_document(
         rates.append(entry)
     worst = max((r.summary.error_rate for r in results), default=0.0)
     return {
+        **(run or {}),
         "schema_version": SCHEMA_VERSION,
         "created_unix_s": time.time(),
         "config": dict(config),
@@ -78,12 +82,9 @@ def plot_results(
     results: Sequence[RateResult], memory: MemoryLog | None, out_dir: Path, title: str = ""
 ) -> list[Path]:
     """Write bench.png (throughput, latency, errors vs offered rate) and, when there are memory
-    samples, memory.png (per-replica bytes over time, budgets dashed). Returns the paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    samples, memory.png (per-replica bytes over time, budgets dashed). Returns the paths.
+    Raises harness.plots.PlotsUnavailable without matplotlib (the extra ``plots``)."""
+    plt = pyplot()
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
     sums = sorted((r.summary for r in results), key=lambda s: s.offered_rate_per_s)

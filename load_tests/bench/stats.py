@@ -1,4 +1,4 @@
-"""Pure functions: the Poisson schedule, percentiles, per-request records and a rate's summary,
+"""Pure functions: percentiles, per-request records and a rate's summary,
 and the loopback check on target URLs."""
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-import numpy as np
-
+from load_tests.harness.schedule import poisson_schedule as poisson_schedule
 from load_tests.payloads import DEFAULT_MODELS as DEFAULT_MODELS  # what serve_app serves
 
 SCHEMA_VERSION = 1
@@ -23,31 +22,6 @@ CONNECTIONS_PER_SHARD = 16
 # Distinct bodies cycled through per run, so nothing downstream can cache one body.
 N_TEXT_VARIANTS = 64
 N_IMAGE_VARIANTS = 4
-
-
-def poisson_schedule(rate_per_s: float, duration_s: float, seed: int = 0) -> list[float]:
-    """Arrival times in [0, duration_s) of a Poisson process at `rate_per_s`.
-
-    Gaps are i.i.d. exponential with mean 1/rate from `numpy.random.default_rng(seed)`, so the
-    same arguments always give the same schedule. The count is Poisson(rate * duration): its
-    standard deviation is sqrt(rate * duration).
-    """
-    if rate_per_s <= 0 or not math.isfinite(rate_per_s):
-        raise ValueError(f"rate {rate_per_s!r}/s must be a positive finite number")
-    if duration_s < 0:
-        raise ValueError(f"duration {duration_s!r} s must be >= 0")
-    rng = np.random.default_rng(seed)
-    expected = rate_per_s * duration_s
-    times: list[float] = []
-    t = 0.0
-    while True:
-        # Draw in chunks a little above the expected count; rarely needs a second chunk.
-        chunk = int(expected + 6 * math.sqrt(expected) + 16)
-        for gap in rng.exponential(1.0 / rate_per_s, size=chunk):
-            t += float(gap)
-            if t >= duration_s:
-                return times
-            times.append(t)
 
 
 def percentile(values: Sequence[float], q: float) -> float:

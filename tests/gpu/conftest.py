@@ -8,7 +8,7 @@ visible GPU, HAProxy ingress is on (as in ``serve-app run``), and everything lis
 Fixtures:
     gpu_base_url: the Serve HTTP base URL (``http://127.0.0.1:<port>``), session scoped.
     results_dir: where tests write their JSON results (``$SERVE_APP_RESULTS_DIR``, default
-        ``docs/results``), created if missing.
+        ``benchmarks/results/gpu_tests``), created if missing.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def results_dir() -> Path:
-    path = Path(os.environ.get("SERVE_APP_RESULTS_DIR", "docs/results"))
+    path = Path(os.environ.get("SERVE_APP_RESULTS_DIR", "benchmarks/results/gpu_tests"))
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -10,9 +10,10 @@ closed-loop HTTP load the whole time:
 
 A timeline (replicas, GPU free bytes from NVML, offered load, errors per second, controller
 decision) is recorded once per second to ``$SERVE_APP_RESULTS_DIR/controller_timeline.json``
-(default ``docs/results``) and plotted to ``controller_timeline.png`` next to it, *before* any
-assertion, so a failed run still leaves its evidence. Everything is logged to stdout: it runs
-unattended (``python -m pytest -m gpu tests/gpu/test_controller_gpu.py -s``). About 3 minutes.
+(default ``benchmarks/results/gpu_tests``) and plotted to ``controller_timeline.png`` next to
+it, *before* any assertion, so a failed run still leaves its evidence. Everything is logged to
+stdout: it runs unattended (``python -m pytest -m gpu tests/gpu/test_controller_gpu.py -s``).
+About 3 minutes.
 
 The memory-grabbing process's pid is ours: it is told to release through a file, and killed by
 pid only if it does not exit.
@@ -377,14 +378,14 @@ def write_timeline(timeline: Timeline, results_dir: Path) -> None:
     path.write_text(json.dumps(timeline.document(), indent=2, default=str))
     log(f"wrote {path} ({len(timeline.samples)} samples)")
     try:
-        from load_tests.plot_timeline import plot_timeline
+        from load_tests.harness.plots import plot_timeline
 
         png = plot_timeline(timeline.document(), results_dir / "controller_timeline.png")
         log(f"wrote {png}")
     except Exception as exc:  # noqa: BLE001 - the JSON is the record; the plot can be redone
         log(
-            f"plotting failed ({type(exc).__name__}: {exc}); run: python "
-            f"load_tests/plot_timeline.py {path}"
+            f"plotting failed ({type(exc).__name__}: {exc}); run: python -m "
+            f"load_tests.harness.plots {path}"
         )
 
 

@@ -22,8 +22,8 @@
    they go to Pillow.
 6. Calibration's worst-case items (a 6,324 x 6,324 JPEG first) run through ``predict``.
 
-Writes ``image_decode_gpu.json`` under ``$SERVE_APP_RESULTS_DIR`` (default ``docs/results``)
-before asserting. Run on the GPU host:
+Writes ``image_decode_gpu.json`` under ``$SERVE_APP_RESULTS_DIR`` (default
+``benchmarks/results/gpu_tests``) before asserting. Run on the GPU host:
 ``python3 -m pytest -v -s -p no:cacheprovider tests/gpu/test_image_decode_gpu.py``.
 """
 

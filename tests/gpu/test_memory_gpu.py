@@ -16,7 +16,7 @@
 Every model uses ``load_format: dummy`` (random weights: the host has no weights package and no
 internet). Each test deploys its own applications at its own route prefix, deletes them at the
 end, writes ``memory_gpu_<n>_<name>.json`` under ``$SERVE_APP_RESULTS_DIR`` (default
-``docs/results``) *before* asserting, and prints generously: it runs unattended.
+``benchmarks/results/gpu_tests``) *before* asserting, and prints generously: it runs unattended.
 """
 
 from __future__ import annotations

@@ -284,7 +284,7 @@ def _run_mode(tmp: Path, enforcement: str) -> dict[str, Any]:
         out["cli_exit"] = cli.stop()
         out["cli_tail"] = cli.lines[-15:]
         RESULTS[f"escape_{enforcement}"] = out
-        log_dir = Path(os.environ.get("SERVE_APP_RESULTS_DIR", "docs/results"))
+        log_dir = Path(os.environ.get("SERVE_APP_RESULTS_DIR", "benchmarks/results/gpu_tests"))
         (log_dir / f"mps_cli_{enforcement}.log").write_text("\n".join(cli.lines))
     return out
 

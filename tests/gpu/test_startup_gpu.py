@@ -13,7 +13,7 @@ each time under a new application name with the same args, and its report read f
 
 Every report carries ``startup_phases_s`` and, after one request, ``first_request_s``. The
 test writes ``startup_gpu_calibration_cache.json`` under ``$SERVE_APP_RESULTS_DIR`` (default
-``docs/results``) before asserting, and prints generously: it runs unattended.
+``benchmarks/results/gpu_tests``) before asserting, and prints generously: it runs unattended.
 """
 
 from __future__ import annotations

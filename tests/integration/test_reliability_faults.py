@@ -1,10 +1,11 @@
-"""The fast part of load_tests/faults.py in CI: hostile bodies against a CPU replica.
+"""The fast part of the CPU fault suite (load_tests.reliability.faults) in CI: hostile bodies
+against a CPU replica.
 
 Each body (a gzip bomb with Content-Encoding: gzip, a Content-Length longer or shorter than the
 body, deep JSON nesting, a huge string, a body over the limit) gets a deliberate answer or a
 closed connection, never a 5xx or a hang, and a normal request right after it is answered. The
 replica's body limit is small here (64 KiB), so the huge string costs milliseconds; under the
-default 8 MiB limit faults.py measured it at ~8 s of tokenizer time (a 504 at
+default 8 MiB limit the suite measured it at ~8 s of tokenizer time (a 504 at
 request_timeout_s).
 """
 
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from load_tests.faults import hostile
+from load_tests.reliability.faults import hostile
 
 MAX_BODY_BYTES = 65536
 ARGS = {"adapter": "embeddings", "max_batch_size": 8, "max_body_bytes": MAX_BODY_BYTES}

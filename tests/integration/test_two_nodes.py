@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 import pytest
 
-from load_tests import ray_nodes
+from load_tests.harness import ray_nodes
 from serve_app import env as serve_env
 from serve_app.ops import launch
 from tests.helpers import wait_http

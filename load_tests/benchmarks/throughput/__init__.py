@@ -1,0 +1,46 @@
+"""The throughput benchmark that cannot be mistaken for the server's limit.
+
+For each setup (model, replica count at a GPU share that fits one GPU, inputs per request) it
+starts serve_app the way ``serve-app run`` does (serve_app.ops.launch, HAProxy ingress, dummy fp16
+weights, real defaults otherwise) on the server cores, and measures:
+
+- the maximum throughput with wrk (closed loop, a few connection counts, the best kept);
+- the latency at 80% of that rate with an open-loop aiohttp client in several processes
+  (latency from the scheduled send time: no coordinated omission);
+- NVML per-process bytes every 0.1 s against each replica's ``budget_bytes``;
+
+beside the references that say what the numbers mean:
+
+- the clients' own ceiling: both clients against HAProxy answering by itself, on the server
+  cores, with the same requests and answers of the size serve_app gives (a row is flagged
+  when this ceiling is under 3x what the client measured there);
+- plain Ray Serve's no-op behind the same HAProxy ingress at the same replica counts;
+- the model alone in one process (the in-process ceiling), best over batches.
+
+    python -m load_tests.benchmarks.throughput --out DIR [--models minilm,resnet50]
+        [--replicas 4,8,12,16] [--inputs-per-request 1,16] [--server-cores 0-15]
+        [--client-cores 16-31] [--duration-s S] [--mps] [--max-time-s 540] [--device cpu --quick]
+    python -m load_tests.benchmarks.throughput.render DIR/throughput.json      # the markdown tables
+
+Writes DIR/throughput.json (a list of rows, rewritten as they arrive), DIR/meta.json (host,
+cores, versions, the plan, flags) and DIR/server_reports.json (each job's GET /v1/memory at
+its end), and the workers' logs. A setup the time budget does not reach gets a ``skipped`` row
+with a note; the run logs its plan first (which jobs, about how long, how many fit).
+``--merge`` keeps the measured rows of an earlier run's throughput.json that this run did not
+measure again (the whole matrix takes more than one 10-minute run on the GPU host).
+
+Modules: ``options`` (command line, cores), ``payload`` (request and answer bodies), ``wrk``
+(script, command, output), ``openloop`` (the aiohttp client processes), ``noop_server``
+(HAProxy's static no-op), ``noop_app`` (plain Ray Serve's no-op), ``stats`` and ``rows`` (pure
+functions), ``measure`` (one target, both clients), ``setups`` (configs, payloads and time
+estimates per job), ``serve`` (the Ray session and its jobs), ``workers`` (subprocesses),
+``cli`` (the phases), ``render``.
+"""
+
+from __future__ import annotations
+
+from load_tests.benchmarks.throughput.cli import main, plan_jobs
+from load_tests.benchmarks.throughput.rows import apply_ceilings, merge_rows
+from load_tests.harness.wrk import lua_script, parse_wrk_output
+
+__all__ = ["apply_ceilings", "lua_script", "main", "merge_rows", "parse_wrk_output", "plan_jobs"]

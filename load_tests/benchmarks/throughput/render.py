@@ -1,0 +1,192 @@
+"""Markdown tables of a throughput.json for docs/benchmarks.md.
+
+    python -m load_tests.benchmarks.throughput.render DIR/throughput.json
+
+Reads DIR/meta.json beside it when present (machine, cores, flags). Prints on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+GIB = float(1 << 30)
+MODEL_TITLES = {
+    "minilm": "MiniLM-L6 embeddings, fp16 (dummy weights), short texts",
+    "resnet50": "ResNet-50, fp16 (dummy weights), 224 px JPEGs",
+}
+
+
+def fmt_rate(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
+
+
+def fmt_ms(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 100:
+        return f"{value:,.0f} ms"
+    return f"{value:.1f} ms" if value >= 1 else f"{value:.2f} ms"
+
+
+def fmt_x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x" if value >= 0.1 else f"{value:.3f}x"
+
+
+def _table(header: Sequence[str], body: Iterable[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    return lines
+
+
+def _status(row: Mapping[str, Any]) -> str:
+    status = str(row.get("status") or "?")
+    if status == "ok":
+        flags = row.get("flags") or []
+        return "ok" if not flags else "FLAG: " + "; ".join(flags)
+    note = str(row.get("note") or "")
+    return f"{status}: {note[:120]}" if note else status
+
+
+def _errors(row: Mapping[str, Any]) -> str:
+    if row.get("errors") is None:
+        return "-"
+    n, total = int(row["errors"]), row.get("requests") or 0
+    return f"{n}" if not total else f"{n} ({100.0 * n / total:.2f}%)"
+
+
+def _layout(row: Mapping[str, Any]) -> str:
+    gpus = row.get("num_gpus")
+    return f"{row.get('replicas')} x {gpus:g}" if gpus else f"{row.get('replicas')} (no GPU)"
+
+
+def render_markdown(
+    rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | None = None
+) -> str:
+    """The tables: the clients' ceiling, the in-process ceiling, serve_app per model, and the
+    plain Ray Serve no-op; then the run's flags."""
+    meta = meta or {}
+    out: list[str] = []
+    machine = meta.get("machine") or {}
+    cores = meta.get("cores") or {}
+    if meta:
+        out += [
+            f"Host {meta.get('host', '?')}: {machine.get('gpu_name') or 'no GPU'}, "
+            f"{machine.get('cpu_count')} CPUs (server cores {cores.get('server')}, client "
+            f"cores {cores.get('client')}), torch {machine.get('torch_version')}, Ray "
+            f"{machine.get('ray_version')}, Python {machine.get('python')}.",
+            "",
+        ]
+    client = [r for r in rows if r.get("setup") == "client_ceiling"]
+    if client:
+        out += ["### The clients' own ceiling (HAProxy's static no-op on the server cores)", ""]
+        body = []
+        for key in dict.fromkeys(r.get("payload") for r in client):
+            w = next((r for r in client if r.get("payload") == key and r["client"] == "wrk"), {})
+            o = next((r for r in client if r.get("payload") == key and r["client"] != "wrk"), {})
+            conns = f" (c{w['connections']})" if w.get("connections") else ""
+            body.append(
+                [
+                    str(key),
+                    fmt_rate(w.get("requests_per_s")) + conns,
+                    fmt_ms(w.get("p99_ms")),
+                    fmt_rate(o.get("requests_per_s")),
+                    fmt_rate(o.get("max_carried_per_s")),
+                    fmt_ms(o.get("p99_ms")),
+                    _status(w) if w.get("status") != "ok" or not o else _status(o),
+                ]
+            )
+        header = ["payload", "wrk req/s", "wrk p99", "open-loop sustained req/s"]
+        header += ["open-loop most carried", "open-loop p99", "status"]
+        out += _table(header, body)
+        out.append("")
+    ceiling = [r for r in rows if r.get("setup") == "in_process"]
+    if ceiling:
+        out += ["### The model alone (in-process ceiling)", ""]
+        body = [
+            [
+                str(r.get("model")),
+                fmt_rate(r.get("ceiling_items_per_s")),
+                str(r.get("ceiling_batch") or "-"),
+                ", ".join(
+                    f"{b}: {fmt_rate(v)}" for b, v in (r.get("items_per_s_by_batch") or {}).items()
+                ),
+                _status(r) if r.get("status") != "ok" else str(r.get("note") or ""),
+            ]
+            for r in ceiling
+        ]
+        out += _table(["model", "best items/s", "batch", "items/s by batch", "notes"], body)
+        out.append("")
+    for model in dict.fromkeys(r.get("model") for r in rows if r.get("setup") == "serve_app"):
+        served = [r for r in rows if r.get("setup") == "serve_app" and r.get("model") == model]
+        out += [f"### serve_app: {MODEL_TITLES.get(str(model), model)}", ""]
+        body = [
+            [
+                _layout(r),
+                str(r.get("inputs_per_request")),
+                str(r.get("client")),
+                fmt_rate(r.get("requests_per_s")),
+                fmt_rate(r.get("items_per_s")),
+                fmt_x(r.get("vs_ceiling")),
+                fmt_ms(r.get("p50_ms")),
+                fmt_ms(r.get("p99_ms")),
+                _errors(r),
+                fmt_rate(r.get("client_ceiling_requests_per_s")),
+                fmt_x(r.get("client_headroom")),
+                "-" if r.get("budget_violations") is None else str(r["budget_violations"]),
+                _status(r),
+            ]
+            for r in served
+        ]
+        header = ["replicas x GPU", "inputs/req", "client", "req/s", "items/s", "x ceiling"]
+        header += ["p50", "p99", "errors", "client ceiling req/s", "headroom", "over budget"]
+        out += _table([*header, "status"], body)
+        out.append("")
+    noop = [r for r in rows if r.get("setup") == "ray_serve_noop"]
+    if noop:
+        out += ["### Plain Ray Serve no-op behind the same HAProxy ingress", ""]
+        body = [
+            [
+                str(r.get("replicas")),
+                str(r.get("client")),
+                fmt_rate(r.get("requests_per_s")),
+                fmt_ms(r.get("p50_ms")),
+                fmt_ms(r.get("p99_ms")),
+                _errors(r),
+                fmt_rate(r.get("client_ceiling_requests_per_s")),
+                fmt_x(r.get("client_headroom")),
+                _status(r),
+            ]
+            for r in noop
+        ]
+        header = ["replicas", "client", "req/s", "p50", "p99", "errors"]
+        out += _table([*header, "client ceiling req/s", "headroom", "status"], body)
+        out.append("")
+    flags = list(meta.get("flags") or [])
+    if flags:
+        out += ["**Flagged:**", ""] + [f"- {f}" for f in flags] + [""]
+    elif any(
+        r.get("setup") in ("serve_app", "ray_serve_noop") and r.get("status") == "ok" for r in rows
+    ):
+        out += ["Every measured row had at least 3x client headroom.", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m load_tests.benchmarks.throughput.render")
+    p.add_argument("json", type=Path, help="throughput.json (meta.json beside it is read too)")
+    a = p.parse_args(argv)
+    rows = json.loads(a.json.read_text())
+    meta_path = a.json.with_name("meta.json")
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else None
+    print(render_markdown(rows, meta), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

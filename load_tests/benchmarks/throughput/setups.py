@@ -1,0 +1,143 @@
+"""What each job deploys and sends: serve_app's config (configs/default.yaml, what
+``serve-app run`` deploys, with dummy fp16 weights), plain Ray Serve's no-op config, the payloads,
+the time one payload's measurement takes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from load_tests.benchmarks.throughput import noop_app, stats
+from load_tests.benchmarks.throughput.payload import MODELS, Payload, model_payload, noop_payload
+from load_tests.harness.meta import ROOT
+
+DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"
+# Seconds a deploy takes until it answers: (GPU, CPU); on a GPU each replica captures CUDA
+# graphs, calibrates and warms up, and 16 of them start at once.
+DEPLOY_EST_S = {"serve_app": (60.0, 20.0), "noop": (15.0, 8.0)}
+RAY_START_EST_S = (15.0, 8.0)  # (GPU, CPU)
+
+
+def serve_app_doc(model: str, replicas: int, cfg: Mapping[str, Any], port: int) -> dict:
+    """configs/default.yaml (what ``serve-app run`` deploys) for ``model`` with dummy weights in
+    fp16, ``replicas`` replicas at ``gpu_share`` of a GPU each; real defaults otherwise."""
+    from serve_app.config.deploy import load_deploy_config
+
+    doc = load_deploy_config(DEFAULT_CONFIG)
+    doc["http_options"] = {"host": "127.0.0.1", "port": port}
+    app = doc["applications"][0]
+    app["name"] = f"{model}-r{replicas}"
+    m = MODELS[model]
+    app["args"].update(load_format="dummy", dtype="float16", model_name=m["model_name"])
+    if m["kind"] == "image":
+        app["args"].update(adapter="image-classification", arch="resnet50")
+    if cfg.get("mps"):  # serve_app's MPS mode: a driver limit per replica, concurrent kernels
+        app["args"].setdefault("memory", {})["enforcement"] = "mps"
+    dep = app["deployments"][0]
+    dep["num_replicas"] = replicas
+    dep["ray_actor_options"] = {
+        "num_cpus": stats.replica_cpus(replicas, len(cfg["server_cores"])),
+        "num_gpus": gpu_share(replicas, cfg),
+    }
+    return doc
+
+
+def gpu_share(replicas: int, cfg: Mapping[str, Any]) -> float:
+    """Each replica's num_gpus: ``--replica-share`` when given (Ray packs fractional replicas
+    onto one GPU before the next, so 4 x 0.25 on a two-GPU node is one GPU's worth), else the
+    share that fits all ``replicas`` on one GPU."""
+    share = cfg.get("replica_share")
+    return float(share) if share else stats.replica_share(replicas)
+
+
+def noop_doc(replicas: int, cfg: Mapping[str, Any], port: int) -> dict:
+    """Plain Ray Serve's no-op at ``replicas`` replicas (no GPU), as a Serve config."""
+    return {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": port},
+        "applications": [
+            {
+                "name": f"noop-r{replicas}",
+                "route_prefix": "/",
+                "import_path": noop_app.IMPORT_PATH,
+                "args": {},
+                "deployments": [
+                    {
+                        "name": noop_app.DEPLOYMENT_NAME,
+                        "num_replicas": replicas,
+                        "max_ongoing_requests": 512,
+                        # As serve_app's deployment: a log line per request costs the replica.
+                        "logging_config": {"enable_access_log": False},
+                        "ray_actor_options": {
+                            "num_cpus": stats.replica_cpus(replicas, len(cfg["server_cores"]))
+                        },
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def job_payloads(job: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[Payload]:
+    if job["kind"] == "noop":
+        return [noop_payload()]
+    return [
+        model_payload(job["model"], n, cfg["encoding_format"]) for n in cfg["inputs_per_request"]
+    ]
+
+
+def client_payloads(cfg: Mapping[str, Any]) -> list[Payload]:
+    """The payloads whose client ceiling the run measures: those of the setups it serves, or
+    the models' when it serves none (``--phases client`` alone, e.g. with ``--merge`` to add
+    the ceilings to an earlier run's rows)."""
+    phases = set(cfg["phases"])
+    out = []
+    if "serve" in phases or not phases & {"serve", "noop"}:
+        out = [
+            model_payload(m, n, cfg["encoding_format"])
+            for m in cfg["models"]
+            for n in cfg["inputs_per_request"]
+        ]
+    if "noop" in phases:
+        out.append(noop_payload())
+    return out
+
+
+def measure_est_s(cfg: Mapping[str, Any]) -> float:
+    """Seconds one payload's wrk tries and open-loop point take, with pauses and start-up."""
+    d, pause = cfg["duration_s"], cfg["pause_s"]
+    return len(cfg["connections"]) * (d + 1.0 + pause) + d + cfg["warmup_s"] + 4.0 + pause
+
+
+def client_ceiling_est_s(cfg: Mapping[str, Any]) -> float:
+    """Seconds one payload's client ceiling takes at most: wrk's tries and the open-loop
+    search's points, each with its start and pause."""
+    d, pause = cfg["ceiling_duration_s"], cfg["pause_s"]
+    point_s = d + cfg["ceiling_warmup_s"] + 0.8 + pause / 2
+    return len(cfg["connections"]) * (d + 0.2 + pause) + cfg["ceiling_max_points"] * point_s
+
+
+def plan_estimate(cfg: Mapping[str, Any], jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    """About how long each phase and job will take, in seconds, and how many jobs fit the
+    budget (the rest will be skipped), for the log and meta.json."""
+    cuda = cfg["device"] == "cuda"
+    per_payload = measure_est_s(cfg)
+    n_payloads = len(client_payloads(cfg))
+    est = {
+        "ceiling_s": (10.0 + sum(len(b) for b in cfg["model_batches"].values()) * 2.0)
+        if "ceiling" in cfg["phases"] and cuda
+        else (5.0 + sum(len(b) for b in cfg["model_batches"].values()) * 0.8)
+        if "ceiling" in cfg["phases"]
+        else 0.0,
+        "client_s": n_payloads * client_ceiling_est_s(cfg) if "client" in cfg["phases"] else 0.0,
+        "ray_start_s": RAY_START_EST_S[0 if cuda else 1] if jobs else 0.0,
+    }
+    used = sum(est.values()) + cfg["teardown_reserve_s"]
+    fitting, job_s = 0, []
+    for job in jobs:
+        s = DEPLOY_EST_S[job["kind"]][0 if cuda else 1] + per_payload * len(job_payloads(job, cfg))
+        job_s.append({"key": job["key"], "s": round(s)})
+        used += s
+        fitting += used <= cfg["max_time_s"]
+    est = {k: round(v) for k, v in est.items()}
+    return {**est, "jobs": job_s, "jobs_fitting": fitting, "total_s": round(used)}

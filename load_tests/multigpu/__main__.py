@@ -1,5 +1,0 @@
-import sys
-
-from load_tests.multigpu.cli import main
-
-sys.exit(main())

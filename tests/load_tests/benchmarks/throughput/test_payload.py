@@ -1,0 +1,33 @@
+"""load_tests.benchmarks.throughput.payload: the request bodies and the no-op's answers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from load_tests.benchmarks.throughput.payload import model_payload, noop_payload
+
+
+def test_payloads() -> None:
+    raw = model_payload("resnet50", 1)
+    assert raw.content_type == "image/jpeg" and raw.body[:2] == b"\xff\xd8"
+    assert 10_000 < len(raw.body) < 30_000 and raw.path == "/v1/classify"
+    many = json.loads(model_payload("resnet50", 3).body)
+    assert len(many["input"]) == 3 and many["model"] == "resnet50"
+    text = json.loads(model_payload("minilm", 1).body)
+    assert isinstance(text["input"], str) and 3 <= len(text["input"].split()) <= 8
+    assert text["model"] == "all-MiniLM-L6-v2" and "encoding_format" not in text
+    b64 = json.loads(model_payload("minilm", 16, "base64").body)
+    assert len(b64["input"]) == 16 and b64["encoding_format"] == "base64"
+    assert noop_payload().body == b"{}"
+    # The no-op's answers are shaped like serve_app's: 384 shortest float32 per text.
+    vectors = json.loads(model_payload("minilm", 2).response)["data"]
+    assert [len(v["embedding"]) for v in vectors] == [384, 384]
+    assert sum(x * x for x in vectors[0]["embedding"]) == pytest.approx(1.0, abs=1e-5)
+    b64 = json.loads(model_payload("minilm", 1, "base64").response)["data"][0]["embedding"]
+    assert len(b64) == 2048  # base64 of 384 float32
+    tops = json.loads(model_payload("resnet50", 3).response)["data"]
+    assert [len(t["top_k"]) for t in tops] == [5, 5, 5]
+    with pytest.raises(ValueError):
+        model_payload("gpt", 1)

@@ -1,0 +1,61 @@
+"""load_tests.benchmarks.throughput.render: the markdown tables of a throughput.json."""
+
+from __future__ import annotations
+
+from load_tests.benchmarks.throughput import rows
+from load_tests.benchmarks.throughput.render import render_markdown
+from tests.load_tests.benchmarks.throughput.samples import common_row
+
+
+def test_render_markdown_tables() -> None:
+    table = [
+        rows.new_row(
+            setup="in_process",
+            model="minilm",
+            status="ok",
+            ceiling_items_per_s=56000.0,
+            ceiling_batch=256,
+            items_per_s_by_batch={"64": 16600.0, "256": 56000.0},
+            note="float16 on cuda, eager",
+        ),
+        rows.new_row(
+            setup="client_ceiling",
+            payload="minilm-x1-float",
+            client="wrk",
+            status="ok",
+            requests_per_s=150000.0,
+            connections=256,
+            p99_ms=2.0,
+        ),
+        rows.new_row(
+            **common_row(payload="minilm-x1-float", inputs_per_request=1, num_gpus=0.25),
+            client="wrk",
+            status="ok",
+            requests_per_s=2700.0,
+            items_per_s=2700.0,
+            p50_ms=20.0,
+            p99_ms=45.5,
+            errors=0,
+            requests=21600,
+            client_ceiling_requests_per_s=150000.0,
+            client_headroom=55.6,
+            budget_violations=0,
+        ),
+        rows.new_row(
+            setup="ray_serve_noop",
+            replicas=4,
+            client="wrk",
+            status="skipped",
+            note="time budget: 12 s left",
+        ),
+    ]
+    md = render_markdown(table, {"flags": ["x: 1/s against 2/s"], "host": "h", "machine": {}})
+    assert "### The model alone (in-process ceiling)" in md
+    assert "| minilm | 56,000 | 256 | 64: 16,600, 256: 56,000 | float16 on cuda, eager |" in md
+    assert "| minilm-x1-float | 150,000 (c256) | 2.0 ms | - | - | - | ok |" in md
+    assert (
+        "| 4 x 0.25 | 1 | wrk | 2,700 | 2,700 | - | 20.0 ms | 45.5 ms | 0 (0.00%) | 150,000 "
+        "| 55.60x | 0 | ok |"
+    ) in md
+    assert "| 4 | wrk | - | - | - | - | - | - | skipped: time budget: 12 s left |" in md
+    assert "- x: 1/s against 2/s" in md

@@ -1,0 +1,95 @@
+"""load_tests.benchmarks.throughput.rows: wrk rows, ceilings and flags, merging runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from load_tests.benchmarks.throughput import rows
+from load_tests.harness.wrk import (
+    parse_wrk_output,
+)
+from tests.load_tests.benchmarks.throughput.samples import common_row
+from tests.load_tests.harness.test_wrk import WRK_OUTPUT
+
+
+def test_wrk_row_takes_the_best_try_and_counts_items() -> None:
+    tries = [
+        {**parse_wrk_output(WRK_OUTPUT), "connections": 64, "threads": 16},
+        {"connections": 256, "threads": 16, "error": "wrk exit 1"},
+    ]
+    row = rows.wrk_row(common_row(), tries)
+    assert row["status"] == "ok" and row["client"] == "wrk" and row["connections"] == 64
+    assert row["requests_per_s"] == 9950.0 and row["items_per_s"] == 9950.0 * 16
+    assert row["errors"] == 405 and row["p99_ms"] == 9.0
+    assert [t.get("error") for t in row["tries"]] == [None, "wrk exit 1"]
+    assert set(rows.ROW_KEYS) <= set(row)
+    failed = rows.wrk_row(common_row(), tries[1:])
+    assert failed["status"] == "error" and "wrk exit 1" in failed["note"]
+
+
+def test_apply_ceilings_fills_ratios_and_flags_low_headroom() -> None:
+    table = [
+        rows.new_row(
+            setup="in_process",
+            model="minilm",
+            status="ok",
+            ceiling_items_per_s=1e5,
+            ceiling_batch=512,
+        ),
+        rows.new_row(
+            setup="client_ceiling",
+            payload="minilm-x16-float",
+            client="wrk",
+            status="ok",
+            requests_per_s=40000.0,
+        ),
+        rows.new_row(
+            setup="client_ceiling",
+            payload="minilm-x16-float",
+            client="open-loop",
+            status="ok",
+            requests_per_s=20000.0,
+        ),
+        rows.new_row(
+            **common_row(), client="wrk", status="ok", requests_per_s=2000.0, items_per_s=32000.0
+        ),
+        rows.new_row(
+            **common_row(),
+            client="open-loop",
+            status="ok",
+            requests_per_s=8000.0,
+            items_per_s=128000.0,
+        ),
+        rows.new_row(**common_row(payload="other"), client="wrk", status="ok", requests_per_s=10.0),
+    ]
+    flags = rows.apply_ceilings(table)
+    wrk_row, ol_row, other = table[3], table[4], table[5]
+    assert wrk_row["ceiling_items_per_s"] == 1e5 and wrk_row["ceiling_batch"] == 512
+    assert wrk_row["vs_ceiling"] == pytest.approx(0.32)
+    assert wrk_row["client_ceiling_requests_per_s"] == 40000.0
+    assert wrk_row["client_headroom"] == 20.0 and wrk_row["flags"] == []
+    assert ol_row["client_headroom"] == 2.5
+    assert ol_row["flags"] == ["client ceiling under 3x: the client may be the limit"]
+    assert other["flags"] == ["client ceiling not measured for this payload"]
+    assert len(flags) == 2 and "8,000/s against a client ceiling of 20,000/s" in flags[0]
+    assert rows.apply_ceilings(table) == flags  # idempotent: flags are not duplicated
+    assert ol_row["flags"] == ["client ceiling under 3x: the client may be the limit"]
+
+
+def test_openloop_ceiling_flag_under_25k_on_16_cores() -> None:
+    table = [
+        rows.new_row(
+            setup="client_ceiling", client="open-loop", payload="p", requests_per_s=24000.0
+        )
+    ]
+    assert len(rows.openloop_ceiling_flags(table, 16)) == 1
+    assert rows.openloop_ceiling_flags(table, 8) == []
+
+
+def test_merge_rows_keeps_previous_measurements_not_redone() -> None:
+    old_ok = rows.new_row(**common_row(replicas=8), client="wrk", status="ok", requests_per_s=1.0)
+    old_r4 = rows.new_row(**common_row(), client="wrk", status="ok", requests_per_s=2.0)
+    new_r4 = rows.new_row(**common_row(), client="wrk", status="ok", requests_per_s=3.0)
+    new_skip = rows.new_row(**common_row(replicas=8), client="wrk", status="skipped")
+    merged = rows.merge_rows([old_ok, old_r4], [new_r4, new_skip])
+    assert [(r["replicas"], r["requests_per_s"]) for r in merged] == [(8, 1.0), (4, 3.0)]

@@ -1,0 +1,73 @@
+"""load_tests.benchmarks.throughput.setups: what each job deploys and sends, and the plan's time
+estimate."""
+
+from __future__ import annotations
+
+import pytest
+
+from load_tests.benchmarks.throughput.cli import plan_jobs
+from load_tests.benchmarks.throughput.setups import noop_doc, serve_app_doc
+
+
+def test_serve_app_doc_is_the_default_config_with_dummy_fp16_weights() -> None:
+    from serve_app.config.deploy import check_deploy_config
+
+    cfg = {"server_cores": list(range(16))}
+    doc = serve_app_doc("resnet50", 12, cfg, 8123)
+    assert check_deploy_config(doc) == []
+    app = doc["applications"][0]
+    assert app["import_path"] == "serve_app.app:build_app" and app["route_prefix"] == "/"
+    assert app["args"]["adapter"] == "image-classification"
+    assert (app["args"]["load_format"], app["args"]["dtype"]) == ("dummy", "float16")
+    assert app["args"]["model_name"] == "resnet50"
+    dep = app["deployments"][0]
+    assert dep["num_replicas"] == 12
+    assert dep["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0.08}
+    assert doc["http_options"] == {"host": "127.0.0.1", "port": 8123}
+    minilm = serve_app_doc("minilm", 4, cfg, 8123)["applications"][0]["args"]
+    assert minilm["adapter"] == "embeddings" and minilm["model_name"] == "all-MiniLM-L6-v2"
+
+
+def test_client_payloads_follow_the_served_setups_or_the_models_alone() -> None:
+    from load_tests.benchmarks.throughput.setups import client_payloads
+
+    cfg = {"models": ["minilm"], "inputs_per_request": [64, 1], "encoding_format": "float"}
+    keys = {
+        phases: [p.key for p in client_payloads(dict(cfg, phases=phases.split(",")))]
+        for phases in ("client,serve,noop", "client,noop", "client")
+    }
+    assert keys == {
+        "client,serve,noop": ["minilm-x64-float", "minilm-x1-float", "noop"],
+        "client,noop": ["noop"],
+        "client": ["minilm-x64-float", "minilm-x1-float"],  # added to an earlier run's rows
+    }
+
+
+def test_noop_doc_validates_as_a_serve_config() -> None:
+    from ray.serve.schema import ServeDeploySchema
+
+    doc = noop_doc(8, {"server_cores": [0, 1, 2, 3]}, 8123)
+    ServeDeploySchema.model_validate(doc)
+    dep = doc["applications"][0]["deployments"][0]
+    assert dep["num_replicas"] == 8 and dep["ray_actor_options"] == {"num_cpus": 0.5}
+    assert dep["logging_config"] == {"enable_access_log": False}
+
+
+def test_plan_estimate_counts_the_jobs_that_fit_the_budget() -> None:
+    from load_tests.benchmarks.throughput.options import build_parser, make_config
+    from load_tests.benchmarks.throughput.setups import plan_estimate
+
+    parser = build_parser()
+    argv = ["--out", "/tmp/x", "--device", "cpu", "--quick", "--replicas", "1,2"]
+    cfg = make_config(parser.parse_args(argv), parser)
+    jobs = plan_jobs(cfg["models"], cfg["replicas"], cfg["phases"])
+    assert [j["key"] for j in jobs] == ["minilm/r1", "noop/r1", "minilm/r2", "noop/r2"]
+    roomy = plan_estimate(dict(cfg, max_time_s=10_000.0), jobs)
+    assert roomy["jobs_fitting"] == 4 and [j["key"] for j in roomy["jobs"]] == [
+        j["key"] for j in jobs
+    ]
+    fixed = roomy["ceiling_s"] + roomy["client_s"] + roomy["ray_start_s"]
+    assert roomy["total_s"] == pytest.approx(
+        fixed + cfg["teardown_reserve_s"] + sum(j["s"] for j in roomy["jobs"]), abs=4
+    )
+    assert plan_estimate(dict(cfg, max_time_s=fixed), jobs)["jobs_fitting"] == 0
