@@ -199,7 +199,7 @@ def test_replicas_run_user_code_on_serves_own_loop(emb: str) -> None:
     every Ray process (replicas included) reads it; the replica still serves concurrently."""
     import ray
 
-    from serve_app.ops.launch import SAME_THREAD_VAR
+    from serve_app.ops.cluster_env import SAME_THREAD_VAR
 
     @ray.remote(num_cpus=0)
     def read_env() -> str | None:
