@@ -43,11 +43,11 @@ def main() -> None:
     from starlette.responses import JSONResponse
 
     from serve_app.config.args import parse_args
-    from serve_app.ops import launch
+    from serve_app.ops import launch, ports
     from serve_app.serving.replica import ModelServer
     from tests.helpers import wait_http
 
-    launch.private_haproxy_ports()
+    ports.private_haproxy_ports()
     launch.start_ray(num_gpus=0, haproxy=True, num_cpus=4)
     serve.start(http_options={"host": "127.0.0.1", "port": PORT}, proxy_location="HeadOnly")
     args = parse_args(

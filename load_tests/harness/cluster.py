@@ -58,11 +58,11 @@ def start_cluster(
 ) -> Target:
     """Ray and Serve on 127.0.0.1 (HAProxy, launch.start_ray's settings) and ``replicas`` of
     the app; returns once every replica is UP in HAProxy."""
-    from serve_app.ops import launch
+    from serve_app.ops import launch, ports
     from serve_app.startup import warmpool
 
-    launch.private_haproxy_ports()
-    port = launch.free_port()
+    ports.private_haproxy_ports()
+    port = ports.free_port()
     from serve_app.config.args import parse_args
 
     app_args = parse_args(args or ARGS)
@@ -92,7 +92,7 @@ def start_cluster(
 
 def haproxy_rows(target: Target) -> dict[str, dict[str, str]]:
     """Replica id -> HAProxy's ``show stat`` row, for this app's replicas."""
-    from serve_app.ops.launch import haproxy_servers
+    from serve_app.ops.haproxy import haproxy_servers
 
     prefix = f"http-{APP}/SERVE_REPLICA_{APP}-model-"
     servers = haproxy_servers(target.node_id)
@@ -135,10 +135,10 @@ def replica_pids(target: Target) -> dict[str, int]:
 
 
 def reliability_env() -> dict[str, str | None]:
-    """The reliability settings this run had (launch.reliability_env's names)."""
-    from serve_app.ops import launch
+    """The reliability settings this run had (ops.cluster_env.reliability_env's names)."""
+    from serve_app.ops import cluster_env
 
-    return {name: os.environ.get(name) for name in launch.reliability_env(0.0)}
+    return {name: os.environ.get(name) for name in cluster_env.reliability_env(0.0)}
 
 
 # ---- HAProxy watching ---------------------------------------------------------------------
@@ -218,7 +218,7 @@ def private_haproxy_files(scratch: Path) -> None:
     os.environ["RAY_SERVE_HAPROXY_SOCKET_PATH"] = str(scratch / "admin.sock")
     os.environ["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"] = str(scratch)
     os.environ["RAY_SERVE_HAPROXY_SERVER_STATE_FILE"] = str(scratch / "server-state")
-    from serve_app.ops.launch import private_haproxy_ports
+    from serve_app.ops.ports import private_haproxy_ports
 
     private_haproxy_ports()
 

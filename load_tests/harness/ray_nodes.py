@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from load_tests.harness.meta import ROOT
-from serve_app.ops import launch
+from serve_app.ops import cluster_env, ports
 
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
 
@@ -40,7 +40,7 @@ def ray_cli() -> list[str] | None:
 
 def node_env(extra: Mapping[str, str]) -> dict[str, str]:
     """This process's environment for a node: no RAY_ADDRESS, the repository on PYTHONPATH, no
-    usage stats or token auth, the variables ``serve-app run`` sets (launch.cluster_env), a 2 s
+    usage stats or token auth, the variables ``serve-app run`` sets (ops.cluster_env), a 2 s
     HAProxy drain, then ``extra`` (side ports, a scripted NVML, CUDA_VISIBLE_DEVICES)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
     env.update(
@@ -48,7 +48,7 @@ def node_env(extra: Mapping[str, str]) -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
             "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_AUTH_MODE": "disabled",
-            **launch.cluster_env(),
+            **cluster_env.cluster_env(),
             "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
             **extra,
         }
@@ -72,7 +72,7 @@ def node_command(
     cmd = [*cli, "start"]
     if head_port is not None:
         cmd += ["--head", "--port", str(head_port), "--include-dashboard", "false"]
-        cmd += ["--ray-client-server-port", str(launch.free_port())]
+        cmd += ["--ray-client-server-port", str(ports.free_port())]
         if temp_dir is not None:
             cmd += ["--temp-dir", str(temp_dir)]
     else:

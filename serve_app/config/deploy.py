@@ -91,10 +91,10 @@ def _check_deployments(args: AppArgs, deployments: list[Any], where: str) -> lis
         if isinstance(policy, dict) and str(policy.get("policy_function", "")).startswith(
             "serve_app."
         ):
-            from serve_app.control.policy import reading_delay_errors, validate_policy_kwargs
+            from serve_app.control.settings import config_errors, reading_delay_errors
 
             where_kwargs = f"{path}.autoscaling_config.policy.policy_kwargs"
-            problems = validate_policy_kwargs(policy.get("policy_kwargs") or {})
+            problems = config_errors(policy.get("policy_kwargs") or {})
             if not problems:
                 problems = reading_delay_errors(dep.get("autoscaling_config") or {})
             for msg in problems:

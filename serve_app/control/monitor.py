@@ -2,52 +2,55 @@
 
 It reports device-level free bytes per GPU UUID (memory of processes outside Ray included) and,
 every few seconds, Ray's free logical GPU. It also watches every GPU replica's NVML bytes against
-its budget four times a second (``watch``): a replica over its budget (memory allocated outside
-PyTorch's cap, which ``enforcement: torch`` cannot stop) is an *escape*, logged, exported as the
-``serve_app_budget_escape_bytes`` gauge and listed by ``serve-app status`` within a second.
-Replicas read it (``latest_readings``) when Serve asks them for autoscaling stats; the Serve
-controller's policy pushes its last decision per deployment to it fire-and-forget
-(``record_decision``), and ``serve-app status`` reads everything back with ``status_snapshot``.
+its budget four times a second (``watch``): a replica over its budget is an *escape*
+(control.escapes), logged, exported as the ``serve_app_budget_escape_bytes`` gauge and listed by
+``serve-app status`` within a second. Replicas read it (``latest_readings``) when Serve asks them
+for autoscaling stats; the Serve controller's policy pushes its last decision per deployment to it
+fire-and-forget (``record_decision``), and ``serve-app status`` reads everything back with
+``status_snapshot``. What it reads, as data: control.readings.
 
 One actor per node, named ``serve_app_gpu_monitor_<node_id>`` in namespace ``serve_app``, created
-idempotently (``get_if_exists``, detached, ``num_cpus=0``, pinned to its node).
+idempotently (``get_if_exists``, detached, ``num_cpus=0``, pinned to its node). Just over 400
+lines: the actor and the typed handle its callers reach it by belong together.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import hashlib
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, cast
 
-from serve_app import env
+from serve_app.control.escapes import (
+    ESCAPE_PERIOD_S,
+    Escape,
+    WatchedReplica,
+    escape_began,
+    find_escapes,
+)
+from serve_app.control.readings import SAMPLE_PERIOD_S, NodeReadings, node_devices, sample_node
 from serve_app.gpu import nvml
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorClass
+    from ray.util.metrics import Gauge
 
 __all__ = [
     "MONITOR_NAMESPACE",
     "MONITOR_PREFIX",
     "DecisionRecord",
-    "Escape",
-    "WatchedReplica",
-    "find_escapes",
     "GpuMonitor",
-    "GpuReading",
-    "NodeReadings",
+    "MonitorHandle",
     "StatusSnapshot",
     "get_or_create_monitor",
-    "gpu_key",
-    "gpu_label",
     "latest_readings",
     "monitor_name",
     "pid_alive",
-    "node_devices",
-    "sample_node",
     "status_snapshot",
 ]
 
@@ -55,46 +58,7 @@ logger = logging.getLogger(__name__)
 
 MONITOR_NAMESPACE = "serve_app"
 MONITOR_PREFIX = "serve_app_gpu_monitor_"
-SAMPLE_PERIOD_S = 1.0
 RAY_GPU_PERIOD_S = 5.0
-ESCAPE_PERIOD_S = 0.25  # watched replicas' bytes against their budgets; reported within 1 s
-
-
-def gpu_key(uuid: str) -> int:
-    """A 48-bit number for a GPU UUID: exact as a float metric value (below 2**53)."""
-    return int(hashlib.sha1(uuid.encode()).hexdigest()[:12], 16)
-
-
-def gpu_label(key: int) -> str:
-    """How the planner names a GPU it knows only by key (``"gpu:0123456789ab"``)."""
-    return f"gpu:{key:012x}"
-
-
-@dataclass(frozen=True)
-class GpuReading:
-    """One GPU's memory at ``timestamp_s`` (wall clock of the monitor's node)."""
-
-    uuid: str
-    total_bytes: int
-    free_bytes: int
-    used_bytes: int
-    timestamp_s: float
-
-    @property
-    def key(self) -> int:
-        return gpu_key(self.uuid)
-
-
-@dataclass(frozen=True)
-class NodeReadings:
-    """A node's latest sample. ``error`` is set (and ``gpus`` empty) when NVML failed."""
-
-    node_id: str
-    gpus: tuple[GpuReading, ...]
-    error: nvml.NvmlError | None
-    sampled_at_s: float
-    ray_gpu_available: float | None = None
-    ray_gpu_at_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -111,75 +75,6 @@ class DecisionRecord:
 
 
 @dataclass(frozen=True)
-class WatchedReplica:
-    """A GPU replica whose NVML bytes the monitor compares with its budget."""
-
-    replica_id: str
-    app: str
-    pid: int
-    gpu_uuid: str
-    budget_bytes: int
-    enforcement: str
-
-
-@dataclass(frozen=True)
-class Escape:
-    """A watched replica seen holding more GPU memory than its budget."""
-
-    replica: WatchedReplica
-    nvml_process_bytes: int
-    peak_bytes: int
-    first_seen_s: float
-    last_seen_s: float
-    active: bool
-
-    @property
-    def pid(self) -> int:
-        return self.replica.pid
-
-    @property
-    def over_bytes(self) -> int:
-        return self.nvml_process_bytes - self.replica.budget_bytes
-
-    def to_json(self) -> dict[str, Any]:
-        doc = dataclasses.asdict(self.replica)
-        doc.update({k: v for k, v in self.__dict__.items() if k != "replica"})
-        doc["over_bytes"] = self.over_bytes
-        return doc
-
-
-def find_escapes(
-    watched: dict[int, WatchedReplica],
-    processes: dict[str, dict[int, int]],
-    previous: dict[int, Escape],
-    now_s: float,
-) -> dict[int, Escape]:
-    """Escapes by PID after one reading: a watched replica whose bytes on its GPU exceed its
-    budget is (still) escaping; one seen before and now back within it stays listed, inactive.
-
-    ``processes`` holds NVML's bytes per PID per GPU UUID (only GPUs that were read).
-    """
-    out = {pid: dataclasses.replace(e, active=False) for pid, e in previous.items()}
-    for pid, rep in watched.items():
-        per_pid = processes.get(rep.gpu_uuid)
-        if per_pid is None or pid not in per_pid:
-            continue
-        used = per_pid[pid]
-        if used <= rep.budget_bytes:
-            continue
-        before = previous.get(pid)
-        out[pid] = Escape(
-            replica=rep,
-            nvml_process_bytes=used,
-            peak_bytes=max(used, before.peak_bytes if before else used),
-            first_seen_s=before.first_seen_s if before and before.active else now_s,
-            last_seen_s=now_s,
-            active=True,
-        )
-    return out
-
-
-@dataclass(frozen=True)
 class StatusSnapshot:
     """What ``serve-app status`` shows: every node's GPUs and the controller's decisions."""
 
@@ -189,55 +84,8 @@ class StatusSnapshot:
     escapes: tuple[Escape, ...] = ()
 
 
-def sample_node(
-    node_id: str,
-    now_s: float,
-    read: Callable[[], list[nvml.GpuMemory] | nvml.NvmlError] = nvml.all_devices,
-    ray_gpu_available: float | None = None,
-    ray_gpu_at_s: float | None = None,
-) -> NodeReadings:
-    """One sample of every GPU on this node, as data."""
-    devices = read()
-    if isinstance(devices, nvml.NvmlError):
-        return NodeReadings(node_id, (), devices, now_s, ray_gpu_available, ray_gpu_at_s)
-    gpus = tuple(
-        GpuReading(d.uuid, d.total_bytes, d.free_bytes, d.used_bytes, now_s) for d in devices
-    )
-    return NodeReadings(node_id, gpus, None, now_s, ray_gpu_available, ray_gpu_at_s)
-
-
-def node_devices() -> list[nvml.GpuMemory] | nvml.NvmlError:
-    """The GPUs this node's Ray was given: those ``CUDA_VISIBLE_DEVICES`` names when it is set
-    and not empty (a Ray node per GPU, ``CUDA_VISIBLE_DEVICES=1 ray start --num-gpus 1``, whose
-    num_gpus=0 actors such as this monitor inherit the variable), else every GPU NVML sees.
-
-    NVML ignores ``CUDA_VISIBLE_DEVICES``: without this, each per-GPU node's monitor would report
-    every GPU of the host, and a deployment pinned to one GPU would wait for headroom on the
-    others. An empty value (Ray's old override for actors given no GPU) means "not set"."""
-    devices = nvml.all_devices()
-    visible = (env.get("CUDA_VISIBLE_DEVICES") or "").strip()
-    if isinstance(devices, nvml.NvmlError) or not visible:
-        return devices
-    out: list[nvml.GpuMemory] = []
-    for entry in (v.strip() for v in visible.split(",") if v.strip()):
-        got = _visible_entry(devices, entry)
-        if got is None:
-            return nvml.NvmlError(
-                nvml.NvmlErrorKind.NOT_FOUND,
-                f"CUDA_VISIBLE_DEVICES entry {entry!r} names no single GPU on this node",
-            )
-        if got not in out:
-            out.append(got)
-    return out
-
-
-def _visible_entry(devices: list[nvml.GpuMemory], entry: str) -> nvml.GpuMemory | None:
-    """One CUDA_VISIBLE_DEVICES entry (an index in NVML order, or a UUID or its prefix)."""
-    if entry.isdigit():
-        index = int(entry)
-        return devices[index] if index < len(devices) else None
-    matches = [d for d in devices if d.uuid.startswith(entry)]
-    return matches[0] if len(matches) == 1 else None
+# What one monitor's ``snapshot`` returns: its latest sample, its decisions, its escapes.
+Snapshot = tuple[NodeReadings, dict[str, DecisionRecord], list[Escape]]
 
 
 def _ray_gpu_available() -> float | None:
@@ -278,7 +126,8 @@ class GpuMonitor:
         self._decisions: dict[str, DecisionRecord] = {}
         self._watched: dict[int, WatchedReplica] = {}
         self._escapes: dict[int, Escape] = {}
-        self._escape_metrics: Any = None
+        self._escape_gauge: Gauge | None = None
+        self._escape_gauge_failed = False  # not in a Ray worker (tests): log lines only
         self._last_sample_s = float("-inf")
         if start:
             threading.Thread(target=self._run, name="serve-app-gpu-monitor", daemon=True).start()
@@ -336,22 +185,7 @@ class GpuMonitor:
         for pid, esc in escapes.items():
             was = previous.get(pid)
             if esc.active and (was is None or not was.active):
-                logger.warning(
-                    "GPU memory escape: replica %s (%s, pid %d) holds %d bytes on GPU %s, %d "
-                    "over its budget of %d bytes (enforcement %s: %s)",
-                    esc.replica.replica_id,
-                    esc.replica.app,
-                    pid,
-                    esc.nvml_process_bytes,
-                    esc.replica.gpu_uuid,
-                    esc.over_bytes,
-                    esc.replica.budget_bytes,
-                    esc.replica.enforcement,
-                    "memory allocated outside PyTorch's cap; enforcement: mps makes the driver "
-                    "refuse it"
-                    if esc.replica.enforcement == "torch"
-                    else "over the driver's limit",
-                )
+                logger.warning("%s", escape_began(esc))
             elif was is not None and was.active and not esc.active:
                 logger.warning(
                     "GPU memory escape over: replica %s is within its budget again",
@@ -361,29 +195,29 @@ class GpuMonitor:
         return list(escapes.values())
 
     def _export_escapes(self, escapes: dict[int, Escape]) -> None:
-        if not escapes:
+        if not escapes or self._escape_gauge_failed:
             return
-        if self._escape_metrics is None:
+        if self._escape_gauge is None:
             try:
                 from ray.util import metrics
 
-                self._escape_metrics = metrics.Gauge(
+                self._escape_gauge = metrics.Gauge(
                     "serve_app_budget_escape_bytes",
                     description="GPU bytes a replica holds over its budget (0 once back within).",
                     tag_keys=("replica", "app", "gpu"),
                 )
             except Exception:  # noqa: BLE001 - not in a Ray worker (tests): log lines only
-                self._escape_metrics = False
-        if self._escape_metrics:
-            for esc in escapes.values():
-                self._escape_metrics.set(
-                    float(esc.over_bytes if esc.active else 0),
-                    tags={
-                        "replica": esc.replica.replica_id,
-                        "app": esc.replica.app,
-                        "gpu": esc.replica.gpu_uuid,
-                    },
-                )
+                self._escape_gauge_failed = True
+                return
+        for esc in escapes.values():
+            self._escape_gauge.set(
+                float(esc.over_bytes if esc.active else 0),
+                tags={
+                    "replica": esc.replica.replica_id,
+                    "app": esc.replica.app,
+                    "gpu": esc.replica.gpu_uuid,
+                },
+            )
 
     def escapes(self) -> list[Escape]:
         with self._lock:
@@ -399,7 +233,7 @@ class GpuMonitor:
         with self._lock:
             self._decisions[record.deployment] = record
 
-    def snapshot(self) -> tuple[NodeReadings, dict[str, DecisionRecord], list[Escape]]:
+    def snapshot(self) -> Snapshot:
         """The latest sample, every decision this monitor holds, and the escapes it saw."""
         with self._lock:
             return self._latest, dict(self._decisions), list(self._escapes.values())
@@ -423,12 +257,45 @@ def monitor_name(node_id: str) -> str:
     return f"{MONITOR_PREFIX}{node_id}"
 
 
+class _Latest(Protocol):
+    def remote(self) -> ObjectRef[NodeReadings]: ...
+
+
+class _Watch(Protocol):
+    def remote(self, replica: WatchedReplica) -> ObjectRef[None]: ...
+
+
+class _RecordDecision(Protocol):
+    def remote(self, record: DecisionRecord) -> ObjectRef[None]: ...
+
+
+class _Snapshot(Protocol):
+    def remote(self) -> ObjectRef[Snapshot]: ...
+
+
+class MonitorHandle(Protocol):
+    """The monitor actor as its Ray handle offers it: ``GpuMonitor``'s methods, each called
+    with ``.remote(...)`` for an ObjectRef of what the method returns."""
+
+    @property
+    def latest(self) -> _Latest: ...
+
+    @property
+    def watch(self) -> _Watch: ...
+
+    @property
+    def record_decision(self) -> _RecordDecision: ...
+
+    @property
+    def snapshot(self) -> _Snapshot: ...
+
+
 _actor_lock = threading.Lock()
-_actor_cls: Any = None
-_handles: dict[str, Any] = {}
+_actor_cls: ActorClass[GpuMonitor] | None = None
+_handles: dict[str, MonitorHandle] = {}
 
 
-def _remote_cls() -> Any:
+def _remote_cls() -> ActorClass[GpuMonitor]:
     global _actor_cls
     with _actor_lock:
         if _actor_cls is None:
@@ -438,7 +305,7 @@ def _remote_cls() -> Any:
         return _actor_cls
 
 
-def get_or_create_monitor(node_id: str | None = None) -> Any:
+def get_or_create_monitor(node_id: str | None = None) -> MonitorHandle:
     """The monitor actor of ``node_id`` (default: this process's node), created if missing.
 
     Blocks on a short GCS lookup the first time per process; the handle is cached after that.
@@ -462,16 +329,15 @@ def get_or_create_monitor(node_id: str | None = None) -> Any:
         .remote(node)
     )
     with _actor_lock:
-        _handles[node] = handle
-    return handle
+        _handles[node] = cast(MonitorHandle, handle)
+        return _handles[node]
 
 
 async def latest_readings(timeout_s: float = 1.0) -> NodeReadings | None:
     """This node's latest GPU sample from its monitor, or ``None`` if none came in time."""
     try:
         handle = await asyncio.wait_for(asyncio.to_thread(get_or_create_monitor), timeout_s)
-        result: NodeReadings = await asyncio.wait_for(handle.latest.remote(), timeout_s)
-        return result
+        return await asyncio.wait_for(handle.latest.remote(), timeout_s)
     except Exception:  # timeouts, a dead actor: the planner holds on missing readings
         logger.debug("no reading from the GPU monitor", exc_info=True)
         return None
@@ -501,7 +367,7 @@ def status_snapshot(timeout_s: float = 5.0) -> StatusSnapshot:
         for a in list_named_actors(all_namespaces=True)
         if a.get("namespace") == MONITOR_NAMESPACE and a["name"].startswith(MONITOR_PREFIX)
     ]
-    refs: list[Any] = []
+    refs: list[ObjectRef[Snapshot]] = []
     errors: list[str] = []
     alive = _alive_nodes()
     for name in sorted(names):

@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from types import FrameType
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
 
@@ -50,7 +50,7 @@ def cmd_run(path: str, haproxy: bool, ready_timeout_s: float) -> int:
         launch.shutdown()
         return 2 if isinstance(exc, ServeAppError) else 130
 
-    def on_signal(signum: int, _frame: Any) -> None:
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         stop.set()
 
     # After ray.init, which installs handlers of its own.
@@ -72,19 +72,14 @@ def cmd_run(path: str, haproxy: bool, ready_timeout_s: float) -> int:
 
 
 def cmd_status(url: str, as_json: bool) -> int:
-    import httpx
-
-    from serve_app.ops.status import render_status
+    from serve_app.errors import ServeAppError
+    from serve_app.ops.status import read_memory_report, render_status
 
     try:
-        resp = httpx.get(f"{url.rstrip('/')}/v1/memory", timeout=10.0)
-    except httpx.HTTPError as exc:
-        print(f"error: cannot reach {url}: {exc}", file=sys.stderr)
+        doc = read_memory_report(url)
+    except ServeAppError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
         return 2
-    if resp.status_code != 200:
-        print(f"error: {url}/v1/memory answered {resp.status_code}: {resp.text}", file=sys.stderr)
-        return 2
-    doc = resp.json()
     print(json.dumps(doc, indent=2) if as_json else render_status(doc))
     return 0
 

@@ -1,6 +1,8 @@
 """Start a local Ray, deploy a config, wait until it serves, and shut everything down cleanly.
 
-The CLI (`serve-app run`) is a thin shell over these functions; tests call them directly.
+The CLI (`serve-app run`) is a thin shell over these functions; tests call them directly. The
+environment the cluster gets is ops.cluster_env's; HAProxy's ports and processes, ops.ports'
+and ops.haproxy's.
 """
 
 from __future__ import annotations
@@ -8,12 +10,10 @@ from __future__ import annotations
 import copy
 import ipaddress
 import logging
-import math
 import os
-import random
 import shutil
-import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,10 +24,29 @@ from serve_app import env
 from serve_app.config.deploy import check_deploy_config, enforcements
 from serve_app.errors import ConfigError, StartupError
 from serve_app.gpu import mps
-from serve_app.startup import warmpool
+from serve_app.ops.cluster_env import cluster_env, longest_request_timeout_s
+from serve_app.ops.haproxy import haproxy_node_path, haproxy_pids
+from serve_app.ops.ports import DEFAULT_HOST, port_is_free
+from serve_app.startup import ray_compat, warmpool
+
+__all__ = [
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "Deployment",
+    "cpu_fallback",
+    "deploy",
+    "exposure_warning",
+    "gpu_count",
+    "http_address",
+    "is_loopback",
+    "run",
+    "shutdown",
+    "start_mps_if_needed",
+    "start_ray",
+    "wait_ready",
+]
 
 logger = logging.getLogger("serve_app")
-DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 
 
@@ -63,13 +82,13 @@ def start_mps_if_needed(doc: dict[str, Any], gpus: int) -> str | None:
 
 
 def gpu_count() -> int:
-    """The CUDA GPUs this process may use. Read through NVML (``nvml.visible_cuda_devices``),
-    not torch: importing torch alone took 1.9 to 2.5 s on the H200 host, and ``serve-app run``
-    decides this before Ray starts, so every cold start waited for it. Where NVML cannot be
-    read (no NVIDIA driver), torch answers."""
+    """The CUDA GPUs this process may use. Read through NVML (``devices.visible_cuda_devices``),
+    not torch: ``serve-app run`` decides this before Ray starts, and importing torch takes
+    seconds (benchmarks/results/startup/import_probe_h200_*.json). Where NVML cannot be read
+    (no NVIDIA driver), torch answers."""
     from serve_app.gpu import devices, nvml
 
-    count = devices.visible_cuda_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    count = devices.visible_cuda_devices(env.get("CUDA_VISIBLE_DEVICES"))
     if not isinstance(count, nvml.NvmlError):
         return count
     import torch
@@ -121,184 +140,12 @@ def exposure_warning(host: str, keys_configured: bool) -> str | None:
     )
 
 
-def port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-HAPROXY_SIDE_PORT_VARS = (
-    "RAY_SERVE_HAPROXY_STATS_PORT",
-    "RAY_SERVE_HAPROXY_METRICS_PORT",
-    "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
-    "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
-)
-
-
-def free_port(host: str = DEFAULT_HOST) -> int:
-    """A TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-# Run the replica's request handlers on the event loop of Serve's own HTTP server instead of a
-# second loop in another thread. serve_app's handlers never block their loop (decoding runs in a
-# thread, batches in the predict thread, and Serve runs sync methods such as check_health in
-# its thread pool), so the second loop only added a cross-thread hop to every request:
-# measured on 2 CPU cores, 5.73 -> 5.05 ms of replica CPU per request and +12% requests/s.
-SAME_THREAD_VAR = "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"
-
-# Inference is idempotent, so a request whose replica dies before answering can be sent again.
-# Ray 2.60 retries only `conn-failure` (nothing was sent) by default. `empty-response` covers a
-# replica killed mid-request (the connection closes with nothing answered: SIGKILL, OOM kill, a
-# crash), and `response-timeout` one that stops answering, when a server timeout is set
-# (RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S; unset by default, so that token is dormant). Ray's
-# template already has `option redispatch 1`, so the retry goes to another replica. One retry,
-# not HAProxy's default 3: a request that kills its replica can take down at most two.
-# 503s are not retried: they are our deliberate back-pressure.
-#
-# HAProxy replays only a request it held whole when it first sent it: it drops the request's
-# retry flag if the body had not all arrived by then (http_ana/stream: msg_state !=
-# HTTP_MSG_DONE), and keeps one buffer's copy (tune.bufsize, 16 KiB in Ray:
-# RAY_SERVE_HAPROXY_TUNE_BUFSIZE), so larger bodies, such as most images, are never retried.
-# httpx (and so the OpenAI client) writes the headers and the body in two sends; measured on
-# 2 CPU replicas under 8 clients, 5 SIGKILLs lost 24 requests with Ray's default, 8 with the
-# retry tokens alone (forwarded before their body arrived), and 0 in 6 kills with
-# `option http-buffer-request`, which makes HAProxy wait for the whole body (up to a buffer)
-# before it picks a server. Ray 2.60 has no setting for it, but renders
-# RAY_SERVE_HAPROXY_RETRY_ON verbatim as a line of its `defaults` section, so the option rides
-# on that value as a line of its own (checked in tests/integration/test_reliability.py).
-HAPROXY_RETRY_ON = "conn-failure empty-response response-timeout"
-HAPROXY_BUFFER_REQUEST_LINE = "\n    option http-buffer-request"
-HAPROXY_RETRY_DEFAULTS = {
-    "RAY_SERVE_HAPROXY_RETRY_ON": HAPROXY_RETRY_ON + HAPROXY_BUFFER_REQUEST_LINE,
-    "RAY_SERVE_HAPROXY_RETRIES": "1",
-}
-
-# A hung replica (SIGSTOP, a wedged event loop, a lost node) must leave rotation fast. Ray 2.60
-# gives every replica server `check` with `inter 5s fall 2 rise 2 fastinter 250ms downinter
-# 250ms` (RAY_SERVE_HAPROXY_HEALTH_CHECK_*; GET /-/healthz, answered by the replica's event
-# loop) and `observe layer4 ... on-error mark-down`, which a stopped process never trips: the
-# kernel still accepts its connections. Ray sets no `timeout check`, so each check may take up
-# to `inter`. A replica stopped just after a passing check: the next check comes `inter` later
-# and times out after `inter`, a second one `fastinter` later after another `inter`: DOWN after
-# 3 x inter + fastinter at worst. Measured on 2 CPU replicas: 13.1 s with Ray's 5 s. With
-# `inter 2s` it is 6.25 s at worst; a working replica answers /-/healthz in milliseconds (the
-# event loop never runs a batch), would need two checks in a row over 2 s to be marked down,
-# and would be back UP 0.5 s later (rise 2 x downinter). Four replicas cost 2 checks/s.
-HAPROXY_HEALTH_CHECK_DEFAULTS = {"RAY_SERVE_HAPROXY_HEALTH_CHECK_INTER": "2s"}
-# Serve's controller force-stops (SIGKILLs) a replica that failed its health check instead of
-# draining it for graceful_shutdown_timeout_s (20 s): a replica that fails check_health is
-# hung or its CUDA context is poisoned, and would answer nothing useful while draining. Its
-# unanswered requests are replayed by HAProxy (empty-response).
-FORCE_STOP_UNHEALTHY_VAR = "RAY_SERVE_FORCE_STOP_UNHEALTHY_REPLICAS"
-# A request held by a hung replica: HAProxy gives up on it after `timeout server` (unset in
-# Ray: forever) and, with `retry-on response-timeout`, replays it on another replica. A replica
-# that works answers every request within its app's request_timeout_s (a 504 of its own at
-# worst: http.guarded), however slow a loaded GPU makes inference, so the timeout is that plus
-# a margin: shorter would replay, and so double, legitimate slow work under load.
-TIMEOUT_SERVER_VAR = "RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S"
-TIMEOUT_SERVER_MARGIN_S = 5
-
-
-def haproxy_timeout_server_s(request_timeout_s: float) -> str:
-    """HAProxy's ``timeout server`` for apps whose longest request_timeout_s is this, in whole
-    seconds as Ray reads it: the request timeout rounded up, plus TIMEOUT_SERVER_MARGIN_S."""
-    return str(math.ceil(request_timeout_s) + TIMEOUT_SERVER_MARGIN_S)
-
-
-def longest_request_timeout_s(doc: dict[str, Any]) -> float:
-    """The largest ``args.request_timeout_s`` of the config's applications (the default where
-    an application sets none)."""
-    from serve_app.config.args import AppArgs
-
-    default = float(AppArgs.model_fields["request_timeout_s"].default)
-    values = [
-        float((app.get("args") or {}).get("request_timeout_s", default))
-        for app in doc.get("applications") or []
-    ]
-    return max(values, default=default)
-
-
-def reliability_env(request_timeout_s: float) -> dict[str, str]:
-    """Every variable start_ray sets for HAProxy and Serve (retries, health checks, the force
-    stop, the server timeout) unless the user's environment already has it."""
-    return {
-        **HAPROXY_RETRY_DEFAULTS,
-        **HAPROXY_HEALTH_CHECK_DEFAULTS,
-        FORCE_STOP_UNHEALTHY_VAR: "1",
-        TIMEOUT_SERVER_VAR: haproxy_timeout_server_s(request_timeout_s),
-    }
-
-
-# HAProxy's side ports come from here: above Ray's worker ports (10002-19999), below Serve's
-# replica ports (30000 up) and the kernel's ephemeral range (32768 up). An ephemeral port that
-# was free a moment ago can be taken by any outgoing connection before HAProxy binds it (seen
-# on the GPU host with two clusters starting at once); nothing takes these without binding.
-SIDE_PORT_RANGE = (20000, 29999)
-
-
-def side_port(taken: set[int], attempts: int = 200) -> int:
-    """A port in SIDE_PORT_RANGE, not in ``taken``, that binds on every interface now."""
-    for _ in range(attempts):
-        port = random.randint(*SIDE_PORT_RANGE)
-        if port in taken:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("0.0.0.0", port))  # HAProxy's stats listeners bind all interfaces
-            except OSError:
-                continue
-        return port
-    raise RuntimeError(
-        f"no free port in {SIDE_PORT_RANGE[0]}-{SIDE_PORT_RANGE[1]} for HAProxy's side "
-        f"listeners after {attempts} tries; set RAY_SERVE_HAPROXY_* ports yourself"
-    )
-
-
-def haproxy_side_ports() -> dict[str, str]:
-    """Free ports (from SIDE_PORT_RANGE) for HAProxy's stats and metrics listeners and Serve's
-    fallback proxy, which are fixed by default (8404, 9101, 8500, 9500), by variable name."""
-    taken: set[int] = set()
-    for _ in HAPROXY_SIDE_PORT_VARS:
-        taken.add(side_port(taken))
-    return dict(zip(HAPROXY_SIDE_PORT_VARS, (str(p) for p in sorted(taken)), strict=True))
-
-
-def private_haproxy_ports() -> dict[str, str]:
-    """``haproxy_side_ports`` set in this process's environment before Ray starts, so that a
-    second cluster on the machine does not collide with the first."""
-    ports = haproxy_side_ports()
-    os.environ.update(ports)
-    return ports
-
-
-def cluster_env(request_timeout_s: float | None = None) -> dict[str, str]:
-    """The variables every Ray node serving serve_app needs in its environment, as
-    ``serve-app run`` sets them: the HAProxy ingress, its retry and health-check settings, and
-    the replicas' handlers on Serve's own loop. A cluster started another way (``ray start``,
-    KubeRay: deploy/kuberay/rayservice.yaml) sets these on every node before Ray starts.
-    ``request_timeout_s``: the longest of the apps (default: AppArgs' default)."""
-    if request_timeout_s is None:
-        request_timeout_s = longest_request_timeout_s({})
-    return {
-        env.HA_PROXY_VAR: "1",
-        SAME_THREAD_VAR: "0",
-        **reliability_env(request_timeout_s),
-    }
-
-
 def start_ray(
     num_gpus: int,
     haproxy: bool,
     num_cpus: int | None = None,
     request_timeout_s: float | None = None,
-    system_config: dict[str, Any] | None = None,
+    system_config: Mapping[str, object] | None = None,
 ) -> None:
     """A local Ray with every port on 127.0.0.1. Env vars are set first so that Serve's
     controller and proxy processes inherit them. ``request_timeout_s``: the longest of the
@@ -326,7 +173,7 @@ def start_ray(
         _node_ip_address=DEFAULT_HOST,
         namespace="serve_app",
         log_to_driver=True,
-        _system_config=system_config or None,
+        _system_config=dict(system_config) if system_config else None,
     )
 
 
@@ -339,38 +186,21 @@ def deploy(doc: dict[str, Any]) -> None:
     application's build and its replicas then start while the proxies do, which took seconds
     off every cold start. A proxy that does not come up is a StartupError all the same.
     """
-    from ray.serve._private import api as serve_api
-    from ray.serve._private.client import ServeControllerClient
-    from ray.serve._private.constants import HTTP_PROXY_TIMEOUT
-    from ray.serve.context import _get_global_client, _set_global_client
+    import ray
     from ray.serve.schema import ServeDeploySchema
 
-    config = ServeDeploySchema.model_validate(doc)
-    client = _get_global_client(raise_if_no_controller_running=False)
-    proxies: list[Any] = []
-    if client is None:
-        controller, proxies = serve_api._create_controller_and_proxy_refs(
-            config.http_options.model_dump(),
-            None,
-            None,
-            None,
-            serve_api._coerce_controller_options(None),
-            config.proxy_location,
-        )
-        client = ServeControllerClient(controller)
-        _set_global_client(client)
-    client.deploy_apps(config, _blocking=False)
-    if proxies:
-        import ray
-
-        try:
-            ray.get(proxies, timeout=HTTP_PROXY_TIMEOUT)
-        except Exception as exc:  # noqa: BLE001 - a timeout or the proxy actor's own error
-            raise StartupError(
-                f"Serve's proxies did not come up within {HTTP_PROXY_TIMEOUT} s "
-                f"({type(exc).__name__}: {str(exc)[:300]}); see the proxy logs under "
-                "/tmp/ray/session_latest/logs/serve/"
-            ) from None
+    proxies = ray_compat.deploy_config(ServeDeploySchema.model_validate(doc))
+    if not proxies:
+        return
+    timeout_s = ray_compat.proxy_start_timeout_s()
+    try:
+        ray.get(proxies, timeout=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - a timeout or the proxy actor's own error
+        raise StartupError(
+            f"Serve's proxies did not come up within {timeout_s:g} s "
+            f"({type(exc).__name__}: {str(exc)[:300]}); see the proxy logs under "
+            "/tmp/ray/session_latest/logs/serve/"
+        ) from None
 
 
 def wait_ready(url: str, timeout_s: float) -> None:
@@ -440,52 +270,6 @@ def run(doc: dict[str, Any], *, haproxy: bool = True, ready_timeout_s: float = 3
     return Deployment(url=url, notes=notes, haproxy=haproxy, warnings=warnings)
 
 
-def haproxy_pids(session_dir: str) -> list[int]:
-    """HAProxy processes started by this Ray session (their parent chain names its directory)."""
-    import psutil
-
-    pids = []
-    for proc in psutil.process_iter(["name"]):
-        if "haproxy" not in (proc.info.get("name") or ""):
-            continue
-        try:
-            ancestors = proc.parents()[:4]
-            if any(session_dir in " ".join(p.cmdline()) for p in ancestors):
-                pids.append(proc.pid)
-        except psutil.Error:
-            continue
-    return pids
-
-
-def haproxy_node_path(path: str, node_id: str) -> Path:
-    """Serve keeps each node's HAProxy files in a folder named after the node, beside ``path``."""
-    p = Path(path)
-    return p.parent / node_id / p.name
-
-
-def haproxy_servers(node_id: str, timeout_s: float = 5.0) -> dict[str, dict[str, str]]:
-    """The state of every server of this node's HAProxy, from its admin socket's ``show stat``:
-    ``{"backend/server": {"status": "UP", ...}}``. Serve marks a replica RUNNING before HAProxy
-    has it UP; the fault tests wait for both."""
-    import csv
-    import io
-
-    sock_path = haproxy_node_path(env.haproxy_socket_path(), node_id)
-    chunks = []
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout_s)
-        sock.connect(str(sock_path))
-        sock.sendall(b"show stat\n")
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    text = b"".join(chunks).decode().lstrip("# ")
-    servers = {}
-    for row in csv.DictReader(io.StringIO(text)):
-        if row.get("svname") not in ("FRONTEND", "BACKEND", None):
-            servers[f"{row['pxname']}/{row['svname']}"] = row
-    return servers
-
-
 def shutdown() -> None:
     """Stop Serve and Ray, then any HAProxy that Serve started and Ray left behind."""
     import psutil
@@ -493,10 +277,10 @@ def shutdown() -> None:
     from ray import serve
 
     before: set[int] = set()
-    node = ray._private.worker.global_worker.node if ray.is_initialized() else None
+    session = ray_compat.session_dir() if ray.is_initialized() else None
     haproxy_dir: Path | None = None
-    if node is not None:
-        before = set(haproxy_pids(node.get_session_dir_path()))
+    if session is not None:
+        before = set(haproxy_pids(session))
         # Serve's HAProxy keeps its config, socket and state files in a per-node folder
         # beside its config path, and leaves it behind.
         node_id = ray.get_runtime_context().get_node_id()

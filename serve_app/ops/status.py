@@ -1,10 +1,12 @@
-"""Render ``GET /v1/memory`` as a table, like nvidia-smi's process list."""
+"""``serve-app status``: read ``GET /v1/memory`` and render it as a table, like nvidia-smi's
+process list; and the cluster view (GPUs, decisions, escapes) that the report adds."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
+from serve_app.errors import ServeAppError
 from serve_app.gpu.budget import format_bytes
 
 COLUMNS = [
@@ -24,6 +26,30 @@ COLUMNS = [
     ("OOMS", "oom_recoveries", 5),
     ("FREES", "cache_frees", 6),
 ]
+
+
+class StatusUnavailable(ServeAppError):
+    """The running app's memory report could not be read."""
+
+    error_type = "status_unavailable"
+
+
+def read_memory_report(url: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    """The ``GET /v1/memory`` document of the app at ``url``.
+
+    Raises:
+        StatusUnavailable: the app cannot be reached or did not answer 200.
+    """
+    import httpx
+
+    try:
+        resp = httpx.get(f"{url.rstrip('/')}/v1/memory", timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise StatusUnavailable(f"cannot reach {url}: {exc}") from None
+    if resp.status_code != 200:
+        raise StatusUnavailable(f"{url}/v1/memory answered {resp.status_code}: {resp.text}")
+    doc: dict[str, Any] = resp.json()
+    return doc
 
 
 def _cell(key: str, value: Any) -> str:
@@ -153,14 +179,37 @@ def render_status(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+class GpuRow(TypedDict):
+    """One GPU in ``GET /v1/memory``'s ``gpus``: a node monitor's reading and our budgets."""
+
+    node_id: str
+    uuid: str
+    total_bytes: int
+    free_bytes: int
+    used_bytes: int
+    budgets_bytes: int
+    sampled_at_s: float
+
+
+class DecisionRow(TypedDict):
+    """The controller's last decision for a deployment, in ``GET /v1/memory``'s ``controller``."""
+
+    target_replicas: int
+    current_replicas: int
+    direction: str
+    reason: str
+    detail: str
+    timestamp_s: float
+
+
 @dataclass(frozen=True)
 class ClusterView:
     """What the node monitors add to the replicas' reports in ``GET /v1/memory``."""
 
-    gpus: list[dict[str, Any]]
-    controller: dict[str, Any]
+    gpus: list[GpuRow]
+    controller: dict[str, DecisionRow]
     errors: list[str]
-    escapes: list[dict[str, Any]]
+    escapes: list[dict[str, Any]]  # Escape.to_json() of each
 
 
 def cluster_view(replicas: list[dict[str, Any]], timeout_s: float = 2.0) -> ClusterView:
@@ -176,7 +225,7 @@ def cluster_view(replicas: list[dict[str, Any]], timeout_s: float = 2.0) -> Clus
     for rep in replicas:
         if rep.get("gpu_uuid"):
             budgets[rep["gpu_uuid"]] = budgets.get(rep["gpu_uuid"], 0) + int(rep["budget_bytes"])
-    gpus = [
+    gpus: list[GpuRow] = [
         {
             "node_id": node.node_id,
             "uuid": gpu.uuid,
@@ -189,7 +238,7 @@ def cluster_view(replicas: list[dict[str, Any]], timeout_s: float = 2.0) -> Clus
         for node in sorted(snap.nodes, key=lambda n: n.node_id)
         for gpu in node.gpus
     ]
-    controller = {
+    controller: dict[str, DecisionRow] = {
         name: {
             "target_replicas": d.target_replicas,
             "current_replicas": d.current_replicas,

@@ -6,8 +6,9 @@ a new process. A replica that kept running would answer every request with a 500
 health check (three failures in a row) replaced it. Instead it logs one CRITICAL line and calls
 ``os._exit(STICKY_CUDA_EXIT_CODE)`` from the thread that saw the error, before the batch's
 requests are answered: their connections close with nothing sent, HAProxy replays them on
-another replica (``retry-on empty-response``, launch.HAPROXY_RETRY_DEFAULTS), and Serve starts
-a replacement. An out-of-memory error is not sticky (oom.py splits the batch and goes on).
+another replica (``retry-on empty-response``: ops.cluster_env.HAPROXY_RETRY_DEFAULTS), and
+Serve starts a replacement. An out-of-memory error is not sticky (oom.py splits the batch and
+goes on).
 """
 
 from __future__ import annotations

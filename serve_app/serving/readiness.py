@@ -125,15 +125,10 @@ def decide(details: Mapping[str, Any]) -> Readiness:
 
 
 def serve_details() -> dict[str, Any]:
-    """Serve's instance details from its controller (blocking: call it off the event loop).
-    The same call ``serve.status()`` makes, without rebuilding its pydantic models."""
-    from ray.serve.context import _get_global_client
+    """Serve's instance details from its controller (blocking: call it off the event loop)."""
+    from serve_app.startup import ray_compat
 
-    client = _get_global_client(raise_if_no_controller_running=False)
-    if client is None:
-        return {}
-    details: dict[str, Any] = client.get_serve_details()
-    return details
+    return ray_compat.serve_details()
 
 
 def current() -> Readiness:

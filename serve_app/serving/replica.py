@@ -18,8 +18,9 @@ from starlette.responses import HTMLResponse, Response
 
 from serve_app import adapters, env
 from serve_app.config.args import AppArgs, parse_args
-from serve_app.control.monitor import WatchedReplica, get_or_create_monitor
-from serve_app.control.policy import replica_autoscaling_stats
+from serve_app.control.escapes import WatchedReplica
+from serve_app.control.monitor import MonitorHandle, get_or_create_monitor
+from serve_app.control.stats import replica_autoscaling_stats
 from serve_app.errors import InsufficientMemory, ItemError, NotFound, Overloaded
 from serve_app.gpu import calibcache
 from serve_app.gpu.budget import format_bytes
@@ -128,7 +129,7 @@ class ModelServer:
             self.batch_cap,
         )
 
-    def _watch_budget(self, monitor: Any) -> None:
+    def _watch_budget(self, monitor: MonitorHandle) -> None:
         budget = self.partition.budget
         if budget is None or self.partition.gpu_uuid is None:
             return

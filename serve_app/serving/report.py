@@ -15,6 +15,7 @@ import torch
 from serve_app.gpu.partition import PartitionFigures
 from serve_app.serving.batcher import Batcher
 from serve_app.startup.pipeline import Started
+from serve_app.startup.warmpool import PoolReport
 
 REPORT_PERIOD_S = 1.0
 REPORT_MAX_AGE_S = 5.0
@@ -83,7 +84,7 @@ class ReplicaReport(PartitionFigures):
     preloaded_worker: bool
     worker_waited_s: float | None
     torch_threads: int
-    warm_workers: dict[str, Any] | None
+    warm_workers: PoolReport | None
     cuda_graphs: int
     cuda_graphs_at_start: int
     cuda_graphs_pending: int
@@ -107,7 +108,7 @@ def replica_report(
     stats: BatchStats,
     first: FirstRequest,
     batcher: Batcher[Any, Any],
-    warm_workers: dict[str, Any] | None,
+    warm_workers: PoolReport | None,
 ) -> ReplicaReport:
     """The report of a replica that started as ``started``."""
     calib = started.cap.calibration

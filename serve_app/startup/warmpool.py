@@ -1,17 +1,17 @@
 """Warm Ray workers: a new replica starts in a worker that already runs, with torch, Ray
 Serve's replica code and serve_app imported.
 
-Ray gives a new actor an idle worker from its node's pool when there is one; otherwise it
-starts a Python process (Ray's worker start-up: 1.2 s on a laptop-class CPU, 3.2 to 3.6 s
-measured on the H200 host), and the replica then imports torch, Ray Serve's replica code and
-serve_app (1 to 4 s). Both sat on the path of every scale-up and every replacement. Two of
-Ray's own mechanisms take them off it:
+Without one, Ray starts a Python process for each new actor and the replica then imports torch,
+Ray Serve and serve_app: seconds each on the path of every scale-up and replacement
+(benchmarks/results/startup/startup_h200_before_warm_workers_6dfe053.json). Two of Ray's own
+mechanisms take them off it:
 
 - ``preload_python_modules``, a Ray system setting: every Python worker imports these modules
   as it starts, before it waits in the pool. ``serve-app run`` sets it (``system_config``); a
-  cluster started with ``ray start`` takes it in ``--system-config`` (docs/controller.md).
-- The raylet's PrestartWorkers call, the one Ray's own prestart uses: idle workers started
-  ahead of time and kept ``KEEP_ALIVE_S`` against Ray's idle-worker reaping.
+  cluster started with ``ray start`` takes it in ``--system-config`` (``main`` prints it).
+- The raylet's PrestartWorkers call (``ray_compat.prestart_workers``), the one Ray's own
+  prestart uses: idle workers started ahead of time and kept ``KEEP_ALIVE_S`` against Ray's
+  idle-worker reaping.
 
 Every replica keeps its node's pool at ``warm_workers`` idle workers (``Keeper``: a check every
 ``CHECK_PERIOD_S``), so that the next replica on the node, a scale-up or a replacement, finds
@@ -29,7 +29,9 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
+
+from serve_app.startup import ray_compat
 
 logger = logging.getLogger("serve_app")
 
@@ -43,7 +45,7 @@ NEW_WORKER_WAIT_S = 3.0  # for the raylet's new workers to show among its childr
 NEW_WORKER_POLL_S = 0.1
 # What every replica imports, then what each adapter adds; serve_app.preloaded last (its import
 # time marks the end of the preload).
-BASE_MODULES = ("torch", "ray.serve._private.replica", "serve_app.serving.replica")
+BASE_MODULES = ("torch", ray_compat.SERVE_REPLICA_MODULE, "serve_app.serving.replica")
 ADAPTER_MODULES = {
     "embeddings": ("serve_app.adapters.embeddings",),
     "image-classification": ("serve_app.adapters.image",),
@@ -76,7 +78,7 @@ def app_settings(doc: dict[str, Any]) -> tuple[list[str], int]:
     return adapters, most
 
 
-def system_config(adapters: Iterable[str], warm_workers: int) -> dict[str, Any]:
+def system_config(adapters: Iterable[str], warm_workers: int) -> dict[str, list[str]]:
     """Ray's ``_system_config`` for a cluster serving ``adapters``: the preload list, when
     warm workers are on (``warm_workers`` > 0) and there is an adapter to preload for."""
     kinds = list(adapters)
@@ -168,16 +170,6 @@ def workers_rss_bytes(pids: Iterable[int]) -> int:
     return total
 
 
-def _ray_node() -> Any:
-    """This process's Ray node (its raylet's address, the session directory)."""
-    import ray
-
-    node = ray._private.worker.global_worker.node
-    if node is None:
-        raise RuntimeError("not connected to Ray")
-    return node
-
-
 def prestart(
     count: int, runtime_env: str, job_id: str = "", keep_alive_s: int = KEEP_ALIVE_S
 ) -> None:
@@ -187,28 +179,10 @@ def prestart(
     kept ``keep_alive_s``.
 
     Raises:
+        RuntimeError: not connected to Ray.
         grpc.RpcError: the raylet refused or did not answer.
     """
-    from ray._private.grpc_utils import init_grpc_channel
-    from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
-
-    node = _ray_node()
-    channel = init_grpc_channel(f"{node.node_ip_address}:{node.node_manager_port}")
-    try:
-        # Generated protobuf modules: no type stubs.
-        request = node_manager_pb2.PrestartWorkersRequest(  # type: ignore[attr-defined]
-            language=common_pb2.PYTHON,  # type: ignore[attr-defined]
-            keep_alive_duration_secs=keep_alive_s,
-            num_workers=count,
-        )
-        if job_id:
-            request.job_id = bytes.fromhex(job_id)
-        if runtime_env not in ("", "{}"):
-            request.runtime_env_info.serialized_runtime_env = runtime_env
-        stub = node_manager_pb2_grpc.NodeManagerServiceStub(channel)
-        stub.PrestartWorkers(request, timeout=PRESTART_TIMEOUT_S)
-    finally:
-        channel.close()
+    ray_compat.prestart_workers(count, runtime_env, job_id, keep_alive_s, PRESTART_TIMEOUT_S)
 
 
 def _read_pools(text: str) -> dict[str, list[int]]:
@@ -235,6 +209,18 @@ def runtime_env_key(runtime_env: str, job_id: str = "") -> str:
     env = "default" if runtime_env in ("", "{}") else hashlib.sha256(runtime_env.encode())
     name = env if isinstance(env, str) else env.hexdigest()[:16]
     return f"{name}@{job_id}" if job_id else name
+
+
+class PoolReport(TypedDict):
+    """What a replica reports of its node's warm workers (``warm_workers`` in /v1/memory)."""
+
+    target: int
+    idle: int
+    requested: int
+    idle_rss_bytes: int
+    error: str | None
+    pool: str
+    lock_path: str
 
 
 class Keeper:
@@ -326,7 +312,7 @@ class Keeper:
     def stop(self) -> None:
         self._stop.set()
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> PoolReport:
         return {
             "target": self.target,
             "idle": self.idle,
@@ -348,7 +334,10 @@ def start_keeper(target: int) -> Keeper | None:
         return None
     import ray
 
-    lock_path = Path(_ray_node().get_session_dir_path()) / "serve_app_warm_workers.lock"
+    session = ray_compat.session_dir()
+    if session is None:
+        raise RuntimeError("not connected to Ray")
+    lock_path = Path(session) / "serve_app_warm_workers.lock"
     context = ray.get_runtime_context()
     runtime_env = context.get_runtime_env_string()
     job_id = context.get_job_id() or ""

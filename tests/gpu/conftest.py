@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_app.ops.launch import free_port
+from serve_app.ops.ports import free_port, private_haproxy_ports
 
 RAY_CPUS = 16
 
@@ -64,7 +64,7 @@ def gpu_base_url() -> Iterator[str]:
     if os.environ.pop(nvml.FAKE_NVML_VAR, None) is not None or nvml.is_scripted():
         nvml.set_source(None)
     # HAProxy's side ports are fixed by default; free ones survive a leftover server.
-    launch.private_haproxy_ports()
+    private_haproxy_ports()
     port = free_port()
     gpus = torch.cuda.device_count()
     t0 = time.monotonic()

@@ -633,13 +633,9 @@ def run_scenario(
 
 def controller_log_lines(limit: int = 400) -> list[str]:
     """The policy's decision lines from the Serve controller's log (evidence for the docs)."""
-    try:
-        import ray
+    from serve_app.startup import ray_compat
 
-        node = ray._private.worker.global_worker.node  # best effort: a private attribute
-        session = Path(node.get_session_dir_path())
-    except Exception:  # noqa: BLE001
-        session = Path("/tmp/ray/session_latest")
+    session = Path(ray_compat.session_dir() or "/tmp/ray/session_latest")
     lines: list[str] = []
     for path in sorted((session / "logs" / "serve").glob("controller_*.log")):
         try:

@@ -38,7 +38,7 @@ import pytest
 import yaml
 
 from serve_app.gpu import mps
-from serve_app.ops import launch
+from serve_app.ops import ports
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
@@ -201,7 +201,7 @@ def _replicas(url: str, count: int, timeout_s: float = 60.0) -> list[dict[str, A
 
 
 def _run_mode(tmp: Path, enforcement: str) -> dict[str, Any]:
-    port = launch.free_port()
+    port = ports.free_port()
     cli = Cli(_config(tmp, enforcement, port))
     url = cli.url
     assert url is not None

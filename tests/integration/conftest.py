@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from serve_app.ops.launch import free_port
+from serve_app.ops.ports import free_port, private_haproxy_ports
 from tests.helpers import wait_http
 
 LOGICAL_GPUS = 1
@@ -65,7 +65,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     os.environ["SERVE_APP_FAKE_NVML"] = str(script)
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
     # HAProxy's side ports are fixed by default; free ones let this suite run beside a server.
-    launch.private_haproxy_ports()
+    private_haproxy_ports()
     port = free_port()
     # As serve-app run starts it: every worker preloads what a replica imports (warmpool).
     launch.start_ray(

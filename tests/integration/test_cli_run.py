@@ -13,7 +13,7 @@ import httpx
 import yaml
 
 from serve_app.env import haproxy_config_path
-from serve_app.ops.launch import free_port, haproxy_side_ports
+from serve_app.ops.ports import free_port, haproxy_side_ports
 from tests.helpers import wait_http
 
 ROOT = Path(__file__).resolve().parents[2]

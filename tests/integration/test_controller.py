@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from serve_app.control import monitor
+from serve_app.control import readings
 from tests.integration.conftest import Cluster
 
 APP = "controller"
@@ -32,7 +32,7 @@ DEPLOYMENT = f"{APP}/model"
 GIB = 1 << 30
 TOTAL_BYTES = 80 * GIB
 UUID = "GPU-c0ffee00-0000-4000-8000-000000000001"
-LABEL = monitor.gpu_label(monitor.gpu_key(UUID))  # how the planner names the GPU
+LABEL = readings.gpu_label(readings.gpu_key(UUID))  # how the planner names the GPU
 MARGIN_BYTES = 2 * GIB
 PLENTY_FREE_BYTES = TOTAL_BYTES - GIB
 ARGS = {"adapter": "embeddings", "max_batch_size": 4, "batch_wait_timeout_s": 0.002}

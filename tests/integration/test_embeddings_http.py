@@ -176,9 +176,9 @@ def test_concurrent_requests_are_batched(emb: str) -> None:
 def test_memory_figures_are_ray_metrics(emb: str) -> None:
     import time
 
-    import ray
+    from serve_app.startup import ray_compat
 
-    port = ray._private.worker.global_worker.node.metrics_export_port
+    port = ray_compat.metrics_export_port()
     deadline = time.monotonic() + 60.0
     text = ""
     while time.monotonic() < deadline:
@@ -199,7 +199,7 @@ def test_replicas_run_user_code_on_serves_own_loop(emb: str) -> None:
     every Ray process (replicas included) reads it; the replica still serves concurrently."""
     import ray
 
-    from serve_app.ops.launch import SAME_THREAD_VAR
+    from serve_app.ops.cluster_env import SAME_THREAD_VAR
 
     @ray.remote(num_cpus=0)
     def read_env() -> str | None:

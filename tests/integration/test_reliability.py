@@ -20,7 +20,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from serve_app.ops.launch import HAPROXY_RETRY_DEFAULTS, haproxy_node_path, haproxy_servers
+from serve_app.ops.cluster_env import HAPROXY_RETRY_DEFAULTS
+from serve_app.ops.haproxy import haproxy_node_path, haproxy_servers
 
 ARGS = {"adapter": "embeddings", "max_batch_size": 16, "batch_wait_timeout_s": 0.002}
 BODY = {"input": [f"sentence {i} about faults and retries" for i in range(8)]}

@@ -6,8 +6,8 @@ reports GPU A and a replica on the worker GPU B ("logical-scripted" mode). One a
 two replicas of ``num_gpus: 1`` must put one replica on each node. The test sends requests
 through the head's HAProxy ingress, sees both replicas (and both nodes) answer, then SIGKILLs the
 worker node's whole process group under load: the head keeps serving, the errors are counted
-(HAProxy's retry settings are launch.HAPROXY_RETRY_DEFAULTS), and ``/v1/memory`` stops listing
-GPU B once its node monitor is gone.
+(HAProxy's retry settings are ops.cluster_env.HAPROXY_RETRY_DEFAULTS), and ``/v1/memory``
+stops listing GPU B once its node monitor is gone.
 
 Nothing here runs ``ray stop``: it stops every Ray process on the machine, other clusters
 included (the session cluster of the other integration tests, or another checkout's). The test
@@ -35,7 +35,8 @@ import pytest
 
 from load_tests.harness import ray_nodes
 from serve_app import env as serve_env
-from serve_app.ops import launch
+from serve_app.ops import ports
+from serve_app.ops.haproxy import haproxy_node_path
 from tests.helpers import wait_http
 from tests.integration.test_controller import Load, wait_for
 
@@ -121,10 +122,10 @@ def two_nodes() -> Iterator[TwoNodes]:
     assert cli is not None
     # Short paths: Ray's Unix sockets live under the temp dir (108-byte limit).
     tmp = Path(tempfile.mkdtemp(prefix="sa2n-", dir="/tmp"))
-    side_ports = launch.haproxy_side_ports()
+    side_ports = ports.haproxy_side_ports()
     head_env = _node_env(nvml_script(tmp / "nvml-a.json", GPU_A), side_ports)
     worker_env = _node_env(nvml_script(tmp / "nvml-b.json", GPU_B), side_ports)
-    gcs_port, http_port = launch.free_port(), launch.free_port()
+    gcs_port, http_port = ports.free_port(), ports.free_port()
     address = f"127.0.0.1:{gcs_port}"
     t0 = time.monotonic()
     head = ray_nodes.start_node(
@@ -169,7 +170,7 @@ def two_nodes() -> Iterator[TwoNodes]:
                 ray_nodes.stop_group(proc, known.get(proc.pid, []))
         shutil.rmtree(tmp, ignore_errors=True)
         for node_id in node_ids:  # Serve's HAProxy leaves its per-node folder behind
-            folder = launch.haproxy_node_path(serve_env.haproxy_config_path(), node_id).parent
+            folder = haproxy_node_path(serve_env.haproxy_config_path(), node_id).parent
             shutil.rmtree(folder, ignore_errors=True)
         print(f"two-node cluster up and torn down in {time.monotonic() - t0:.1f} s")
 

@@ -162,7 +162,7 @@ class Cluster:
 
     def __init__(self, scratch: Path, gpus: list[str], cuda: bool, nvml_script: str | None):
         from load_tests.harness.cluster import private_haproxy_files
-        from serve_app.ops import launch
+        from serve_app.ops import ports
 
         cli = ray_nodes.ray_cli()
         if cli is None:
@@ -173,8 +173,8 @@ class Cluster:
         self.envs = [
             ray_nodes.node_env({"CUDA_VISIBLE_DEVICES": str(i), **fake}) for i in range(len(gpus))
         ]
-        self.port = launch.free_port()
-        self.address = f"127.0.0.1:{launch.free_port()}"
+        self.port = ports.free_port()
+        self.address = f"127.0.0.1:{ports.free_port()}"
         self.cpus = 8 if cuda else 2  # logical; replicas ask 1 each on a GPU, 0.25 on the CPU
         self.procs: list[subprocess.Popen[bytes]] = []
         self.known: list[int] = []

@@ -91,10 +91,9 @@ def placement_worker(spec: dict[str, Any]) -> None:
             num_cpus=16 if cuda else 8,
             timeout_s=max(10.0, deadline - time.time() - spec["load_s"] - 15.0),
         )
-        import ray
+        from serve_app.startup import ray_compat
 
-        node = ray._private.worker._global_node
-        doc["session_dir"] = node.get_session_dir_path() if node is not None else None
+        doc["session_dir"] = ray_compat.session_dir()
         doc["deploy_s"] = round(time.time() - t0, 1)
         log(f"placement: {REPLICAS} replicas up in {doc['deploy_s']} s")
         write_json(out, doc)

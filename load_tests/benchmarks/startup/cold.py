@@ -31,7 +31,7 @@ FIRST_GUESS_S = 30.0  # one start and stop, before one has been timed
 def stop_cli(proc: subprocess.Popen[bytes], host: str, port: int) -> dict[str, Any]:
     """SIGINT (Ctrl-C), wait for the exit and the port; SIGKILL, by pid, whatever of the CLI's
     process tree is still alive after that."""
-    from serve_app.ops.launch import port_is_free
+    from serve_app.ops.ports import port_is_free
 
     try:
         tree = psutil.Process(proc.pid).children(recursive=True)
@@ -64,7 +64,7 @@ def stop_cli(proc: subprocess.Popen[bytes], host: str, port: int) -> dict[str, A
 
 def cold_once(doc: dict[str, Any], work: Path, repeat: int, deadline: float) -> dict[str, Any]:
     from serve_app.gpu import nvml
-    from serve_app.ops import launch
+    from serve_app.ops import launch, ports
 
     host, port = launch.http_address(doc)
     url = f"http://{host}:{port}"
@@ -72,7 +72,7 @@ def cold_once(doc: dict[str, Any], work: Path, repeat: int, deadline: float) -> 
     config = work / f"cold-{repeat}.yaml"
     config.write_text(yaml.safe_dump(doc))
     out_path = work / f"cold-{repeat}.log"
-    env = {**os.environ, **launch.haproxy_side_ports()}
+    env = {**os.environ, **ports.haproxy_side_ports()}
     env.pop(nvml.FAKE_NVML_VAR, None)
     cmd = [sys.executable, "-m", "serve_app", "run", str(config)]
     cmd += ["--ready-timeout-s", str(max(10, int(deadline - time.monotonic())))]
@@ -123,7 +123,7 @@ def doc_setup(doc: dict[str, Any]) -> str:
 
 
 def cold_part(run: Run, doc: dict[str, Any], repeats: int, deadline: float, work: Path) -> None:
-    from serve_app.ops import launch
+    from serve_app.ops import ports
 
     took_s = FIRST_GUESS_S  # then the longest repeat seen
     for repeat in range(repeats):
@@ -133,7 +133,7 @@ def cold_part(run: Run, doc: dict[str, Any], repeats: int, deadline: float, work
                 f"cold: repeats {repeat + 1}-{repeats} ({left:.0f} s left, one takes ~{took_s:.0f})"
             )
             return
-        doc["http_options"]["port"] = launch.free_port()
+        doc["http_options"]["port"] = ports.free_port()
         t0 = time.monotonic()
         row = cold_once(doc, work, repeat, deadline)
         run.add(row)

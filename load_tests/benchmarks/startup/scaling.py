@@ -114,10 +114,9 @@ def settle_at(count: int, deadline: float) -> bool:
 
 def controller_log_lines() -> list[str]:
     """This Ray session's Serve controller log lines that carry the policy's decisions."""
-    import ray
+    from serve_app.startup import ray_compat
 
-    node = ray._private.worker.global_worker.node  # the session's folder: a private attribute
-    session = Path(node.get_session_dir_path() if node else "/tmp/ray/session_latest")
+    session = Path(ray_compat.session_dir() or "/tmp/ray/session_latest")
     lines: list[str] = []
     for path in sorted((session / "logs" / "serve").glob("controller_*.log")):
         with path.open(errors="replace") as f:

@@ -103,7 +103,7 @@ class NoopHAProxy:
     def __init__(self, cores: Sequence[int], payloads: Sequence[Payload], work_dir: Path) -> None:
         import resource
 
-        from serve_app.ops.launch import free_port
+        from serve_app.ops.ports import free_port
 
         self.port = free_port()
         self.cores = list(cores)

@@ -234,18 +234,17 @@ def serve_worker(spec: dict[str, Any]) -> None:
     ctx: dict[str, Any] = {"cfg": cfg, "cuda": cuda, "mps": mps, "result_path": result_path}
     ctx["deadline"] = spec["deadline_unix"]
     try:
-        from serve_app.ops import launch
+        from serve_app.ops import launch, ports
 
         work = Path(spec["work_dir"])
         pool = OpenLoopPool(cfg["client_cores"], cfg["openloop_procs"], work)
         clients = Clients(find_wrk(cfg["wrk"]), pool, cfg, work, log)
         t0 = time.time()
         launch.start_ray(launch.gpu_count() if cuda else 0, haproxy=True)
-        import ray
+        from serve_app.startup import ray_compat
 
-        node = ray._private.worker._global_node
-        result["session_dir"] = node.get_session_dir_path() if node else None
-        ctx["port"] = launch.free_port()
+        result["session_dir"] = ray_compat.session_dir()
+        ctx["port"] = ports.free_port()
         result["ray_start_s"] = round(time.time() - t0, 1)
         for job in spec["jobs"]:
             run_job(job, ctx, clients, result)
@@ -259,7 +258,7 @@ def serve_worker(spec: dict[str, Any]) -> None:
         if pool is not None:
             pool.close()
         try:
-            from serve_app.ops import launch
+            from serve_app.ops import launch, ports
 
             launch.shutdown()
         except Exception as exc:  # noqa: BLE001

@@ -13,7 +13,8 @@ import pytest
 
 from serve_app.config.args import parse_args
 from serve_app.config.deploy import check_deploy_config
-from serve_app.control.monitor import Escape, GpuMonitor, WatchedReplica, find_escapes
+from serve_app.control.escapes import Escape, WatchedReplica, find_escapes
+from serve_app.control.monitor import GpuMonitor
 from serve_app.errors import ConfigError, StartupError
 from serve_app.gpu import mps, nvml
 from serve_app.ops import launch

@@ -13,7 +13,6 @@ from serve_app import env
 from serve_app.adapters.embeddings import build
 from serve_app.config.args import parse_args
 from serve_app.errors import ConfigError
-from serve_app.ops.launch import exposure_warning
 from serve_app.serving import auth
 from serve_app.serving.auth import ApiKeys, bearer_token, protected_paths
 from serve_app.serving.http import Ingress, json_response
@@ -152,39 +151,3 @@ def test_openapi_names_the_bearer_scheme_only_when_keys_are_on() -> None:
             assert op["security"] == [{BEARER: []}] and "401" in op["responses"], path
     for path in ("/healthz", "/readyz"):
         assert "security" not in on["paths"][path]["get"], path
-
-
-@pytest.mark.parametrize(
-    ("host", "keys", "warns"),
-    [
-        ("127.0.0.1", False, False),
-        ("127.0.0.2", False, False),
-        ("localhost", False, False),
-        ("::1", False, False),
-        ("0.0.0.0", False, True),
-        ("10.1.2.3", False, True),
-        ("gpu-host.example", False, True),
-        ("0.0.0.0", True, False),
-    ],
-)
-def test_serving_beyond_loopback_without_keys_warns(host: str, keys: bool, warns: bool) -> None:
-    warning = exposure_warning(host, keys)
-    assert (warning is not None) == warns
-    if warning:
-        assert warning.startswith("WARNING") and "SERVE_APP_API_KEYS" in warning
-
-
-def test_start_ray_keeps_the_dashboard_off_and_ray_on_loopback(monkeypatch) -> None:
-    import os
-
-    import ray
-
-    from serve_app.ops import launch
-
-    seen: dict[str, object] = {}
-    monkeypatch.setattr(os, "environ", dict(os.environ))  # start_ray sets variables
-    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs))
-    launch.start_ray(num_gpus=0, haproxy=True)
-    assert seen["include_dashboard"] is False
-    assert seen["_node_ip_address"] == "127.0.0.1"
-    assert launch.http_address({}) == ("127.0.0.1", 8000)  # serve-app run's default bind

@@ -86,9 +86,9 @@ def test_autoscaling_config_is_controller_yaml_with_short_cooldowns() -> None:
     assert got["look_back_period_s"] == 2
     original = doc["applications"][0]["deployments"][0]["autoscaling_config"]
     assert original["policy"]["policy_kwargs"]["upscale_cooldown_s"] == 30  # not mutated
-    from serve_app.control.policy import validate_policy_kwargs
+    from serve_app.control.settings import config_errors
 
-    assert validate_policy_kwargs(kwargs) == []
+    assert config_errors(kwargs) == []
 
 
 # ---- rows ----------------------------------------------------------------------------------

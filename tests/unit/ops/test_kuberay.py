@@ -10,9 +10,9 @@ from typing import Any
 import yaml
 
 from serve_app.config.deploy import check_deploy_config
-from serve_app.ops import launch
+from serve_app.ops import cluster_env
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MANIFEST = ROOT / "deploy" / "kuberay" / "rayservice.yaml"
 
 
@@ -49,9 +49,9 @@ def test_embedded_applications_are_gpu_shared_yaml() -> None:
 
 
 def test_every_container_has_the_variables_serve_app_run_sets() -> None:
-    wanted = launch.cluster_env()
+    wanted = cluster_env.cluster_env()
     assert wanted["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
-    assert set(launch.HAPROXY_RETRY_DEFAULTS) <= set(wanted)
+    assert set(cluster_env.HAPROXY_RETRY_DEFAULTS) <= set(wanted)
     found = containers()
     assert len(found) == 2, [c["name"] for c in found]
     for container in found:

@@ -219,7 +219,7 @@ def test_phase_timer_in_a_warm_worker(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_system_config_for_ray_start(capsys: pytest.CaptureFixture[str]) -> None:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     assert warmpool.main([str(root / "configs" / "gpu-shared.yaml")]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed == {"preload_python_modules": warmpool.preload_modules(["embeddings"])}

@@ -1,10 +1,18 @@
-"""``serve-app status`` rendering of a ``GET /v1/memory`` document (exact text)."""
+"""``serve-app status``: reading ``GET /v1/memory`` and rendering it (exact text)."""
 
 from __future__ import annotations
 
+import http.server
+import json
+import threading
+from collections.abc import Iterator
 from typing import Any
 
-from serve_app.ops.status import render_status
+import pytest
+
+from serve_app.ops.cli import main
+from serve_app.ops.ports import free_port
+from serve_app.ops.status import StatusUnavailable, read_memory_report, render_status
 
 GIB = 1 << 30
 HEADER = (
@@ -194,3 +202,57 @@ def test_placement_groups_sum_budgets_per_node_and_gpu() -> None:
         {"node_id": "n1", "gpu_uuid": "GPU-a", "replica_ids": ["r2"], "budgets_bytes": 5},
         {"node_id": "n2", "gpu_uuid": "GPU-b", "replica_ids": ["r1", "r3"], "budgets_bytes": 7},
     ]
+
+
+class _Answer(http.server.BaseHTTPRequestHandler):
+    """Answers GET /v1/memory with the server's ``status`` and ``body``."""
+
+    def do_GET(self) -> None:
+        server: Any = self.server
+        body = server.body.encode()
+        self.send_response(server.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def memory_server() -> Iterator[Any]:
+    server: Any = http.server.HTTPServer(("127.0.0.1", 0), _Answer)
+    server.status, server.body = 200, json.dumps({"replicas": []})
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_status_reads_the_report_and_prints_the_table(
+    memory_server: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"http://127.0.0.1:{memory_server.server_address[1]}"
+    assert read_memory_report(url + "/") == {"replicas": []}
+    assert main(["status", "--url", url]) == 0
+    assert capsys.readouterr().out == render_status({"replicas": []}) + "\n"
+    assert main(["status", "--url", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"replicas": []}
+
+
+def test_status_errors_name_the_url_and_the_answer(
+    memory_server: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"http://127.0.0.1:{memory_server.server_address[1]}"
+    memory_server.status, memory_server.body = 503, '{"detail": "starting"}'
+    with pytest.raises(StatusUnavailable, match='answered 503: {"detail": "starting"}'):
+        read_memory_report(url)
+    assert main(["status", "--url", url]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {url}/v1/memory answered 503")
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    assert main(["status", "--url", closed]) == 2
+    assert capsys.readouterr().err.startswith(f"error: cannot reach {closed}: ")

@@ -1,5 +1,6 @@
-"""``serve-app check`` on a deploy config with the headroom controller on: the shipped
-configs/controller.yaml passes, and a bad policy kwarg is reported with its field path."""
+"""control.settings: policy_kwargs validated with the field and the fix, the reading delay
+through Ray Serve's periods, and ``serve-app check`` on a deploy config with the headroom
+controller on (the shipped configs/controller.yaml passes, a bad kwarg names its field path)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import Any
 import pytest
 
 from serve_app.config.deploy import check_deploy_config, load_deploy_config
+from serve_app.control.settings import config_errors, reading_delay_errors, reading_delay_s
 from serve_app.ops.cli import main
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "controller.yaml"
+CONFIG = Path(__file__).resolve().parents[3] / "configs" / "controller.yaml"
 KWARGS_PATH = "applications[0].deployments[0].autoscaling_config.policy.policy_kwargs"
 
 # metrics_interval_s is deprecated in favour of environment variables that Ray 2.60 does not read.
@@ -98,8 +100,6 @@ def test_policies_outside_serve_app_are_not_checked_here() -> None:
 
 
 def test_shipped_config_decides_within_1_s_of_a_reading() -> None:
-    from serve_app.control.policy import reading_delay_s
-
     auto = controller_doc()["applications"][0]["deployments"][0]["autoscaling_config"]
     assert reading_delay_s(auto) <= 1.0
 
@@ -110,3 +110,45 @@ def test_a_max_reading_age_that_readings_outgrow_is_reported() -> None:
     policy_kwargs(doc)["max_reading_age_s"] = 3
     (msg,) = check_deploy_config(doc)
     assert msg.startswith(f"{KWARGS_PATH}.max_reading_age_s: 3 s is not above the age")
+
+
+def test_config_errors_name_the_field_and_the_fix() -> None:
+    errors = config_errors({"safety_margin_bytes": -1, "downscale_threshold": 1.5, "bogus": 1})
+    assert len(errors) == 3
+    assert errors[0].startswith("safety_margin_bytes:") and "2147483648" in errors[0]
+    assert errors[1].startswith("downscale_threshold:") and "(0, 1)" in errors[1]
+    assert errors[2].startswith("bogus:") and "remove it" in errors[2]
+    shed = config_errors({"shed_cooldown_s": 60, "upscale_cooldown_s": 30})
+    assert len(shed) == 1 and "lower shed_cooldown_s" in shed[0]
+    assert config_errors({}) == []
+
+
+def test_reading_delay_follows_rays_record_and_push_periods() -> None:
+    # Ray's defaults: record every min(30 x 0.2, 10) = 6 s, push every 10 s, loop 0.1 s.
+    assert reading_delay_s({}) == pytest.approx(16.1)
+    # record min(5 x 0.2, 1) = 1, push 1: the settings before the 1 s shed target.
+    assert reading_delay_s({"metrics_interval_s": 1, "look_back_period_s": 5}) == (
+        pytest.approx(2.1)
+    )
+    # configs/controller.yaml: record min(1.0, 0.25), push 0.25 -> within 1 s of a reading.
+    fast = {"metrics_interval_s": 0.25, "look_back_period_s": 5}
+    assert reading_delay_s(fast) == pytest.approx(0.6)
+    assert reading_delay_s({"metrics_interval_s": 1, "look_back_period_s": 2}) == (
+        pytest.approx(1.5)  # record every 0.4 s
+    )
+
+
+def test_a_max_reading_age_the_readings_outgrow_is_an_error() -> None:
+    def config(max_age: float | None, push: float) -> dict[str, Any]:
+        kwargs = {} if max_age is None else {"max_reading_age_s": max_age}
+        return {
+            "metrics_interval_s": push,
+            "look_back_period_s": 5,
+            "policy": {"policy_kwargs": kwargs},
+        }
+
+    assert reading_delay_errors(config(None, 1)) == []  # default 30 s
+    assert reading_delay_errors(config(2, 0.25)) == []  # 1 + 0.6 = 1.6 s at most
+    (msg,) = reading_delay_errors(config(2, 1))  # 1 + 2.1 = 3.1 s
+    assert msg.startswith("max_reading_age_s: 2 s is not above") and "3.10 s" in msg
+    assert reading_delay_errors({"metrics_interval_s": 10}) == []  # 17.1 s < 30 s

@@ -1,0 +1,68 @@
+"""ops.launch without a cluster: the warning for serving beyond loopback without keys, and
+what start_ray gives ray.init and the environment (ray.init faked)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import ray
+
+from serve_app.ops import launch
+
+
+@pytest.mark.parametrize(
+    ("host", "keys", "warns"),
+    [
+        ("127.0.0.1", False, False),
+        ("127.0.0.2", False, False),
+        ("localhost", False, False),
+        ("::1", False, False),
+        ("0.0.0.0", False, True),
+        ("10.1.2.3", False, True),
+        ("gpu-host.example", False, True),
+        ("0.0.0.0", True, False),
+    ],
+)
+def test_serving_beyond_loopback_without_keys_warns(host: str, keys: bool, warns: bool) -> None:
+    warning = launch.exposure_warning(host, keys)
+    assert (warning is not None) == warns
+    if warning:
+        assert warning.startswith("WARNING") and "SERVE_APP_API_KEYS" in warning
+
+
+def test_start_ray_keeps_the_dashboard_off_and_ray_on_loopback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # start_ray sets variables
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs))
+    launch.start_ray(num_gpus=0, haproxy=True)
+    assert seen["include_dashboard"] is False
+    assert seen["_node_ip_address"] == "127.0.0.1"
+    assert launch.http_address({}) == ("127.0.0.1", 8000)  # serve-app run's default bind
+
+
+def test_start_ray_keeps_the_users_own_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    os.environ["RAY_SERVE_HAPROXY_HEALTH_CHECK_INTER"] = "1s"
+    os.environ.pop("RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S", None)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: None)
+    launch.start_ray(num_gpus=0, haproxy=True, request_timeout_s=60.0)
+    assert os.environ["RAY_SERVE_HAPROXY_HEALTH_CHECK_INTER"] == "1s"
+    assert os.environ["RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S"] == "65"
+
+
+def test_start_ray_passes_rays_system_config_and_leaves_haproxy_off_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    os.environ.pop("RAY_SERVE_ENABLE_HA_PROXY", None)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs))
+    preload = {"preload_python_modules": ["torch", "serve_app.preloaded"]}
+    launch.start_ray(num_gpus=0, haproxy=False, system_config=preload)
+    assert seen["_system_config"] == preload
+    assert "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
+    launch.start_ray(num_gpus=0, haproxy=False, system_config={})
+    assert seen["_system_config"] is None

@@ -1,0 +1,108 @@
+"""startup.ray_compat against the installed Ray, without a cluster: the version it was read
+from, the values it copies, the HAProxy template its retry-on value rides on, the raylet request
+it builds, and what it answers when this process is not connected. The calls that need a
+cluster run in tests/integration (test_warm_workers.py, conftest.py's deploy)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+
+import jinja2
+import pytest
+import ray
+
+from serve_app.startup import ray_compat
+
+
+def test_read_from_the_installed_ray_version() -> None:
+    # On a Ray upgrade, re-read the sources each name in ray_compat cites, then change this.
+    assert ray.__version__ == ray_compat.RAY_VERSION
+
+
+def test_copied_serve_timings_are_rays_own() -> None:
+    from ray.serve._private import constants
+    from ray.serve.config import AutoscalingConfig
+
+    fields = AutoscalingConfig.model_fields
+    assert fields["metrics_interval_s"].default == ray_compat.DEFAULT_METRICS_INTERVAL_S
+    assert fields["look_back_period_s"].default == ray_compat.DEFAULT_LOOK_BACK_PERIOD_S
+    assert (
+        constants.RAY_SERVE_AUTOSCALING_METRIC_RECORD_INTERVAL_FACTOR
+        == ray_compat.METRIC_RECORD_INTERVAL_FACTOR
+    )
+    assert constants.CONTROL_LOOP_INTERVAL_S == ray_compat.CONTROL_LOOP_INTERVAL_S
+    assert ray_compat.proxy_start_timeout_s() == float(constants.HTTP_PROXY_TIMEOUT)
+
+
+def test_the_replica_module_holds_serves_replica_actor() -> None:
+    assert importlib.util.find_spec(ray_compat.SERVE_REPLICA_MODULE) is not None
+    module = importlib.import_module(ray_compat.SERVE_REPLICA_MODULE)
+    assert hasattr(module, "ReplicaActor")
+
+
+def _rendered_defaults_section(retry_on: str) -> list[str]:
+    """The ``defaults`` section of Serve's HAProxy config as Ray's template renders it."""
+    from ray.serve._private.haproxy import HAProxyConfig
+    from ray.serve._private.haproxy_templates import HAPROXY_CONFIG_TEMPLATE as template
+
+    start = template.index("\ndefaults\n") + 1
+    end = re.compile(r"^[a-z]", re.M).search(template, start + len("defaults\n"))
+    assert end is not None
+    section = template[start : end.start()]
+    text = jinja2.Environment().from_string(section).render(config=HAProxyConfig(retry_on=retry_on))
+    return text.splitlines()
+
+
+def test_extra_lines_ride_on_retry_on_into_haproxys_defaults_section() -> None:
+    value = ray_compat.haproxy_retry_on_with_lines(
+        "conn-failure empty-response", "option http-buffer-request"
+    )
+    assert value == "conn-failure empty-response\n    option http-buffer-request"
+    lines = _rendered_defaults_section(value)
+    assert lines[0] == "defaults"
+    assert "    retry-on conn-failure empty-response" in lines
+    assert "    option http-buffer-request" in lines  # a line of its own, in the section
+    assert ray_compat.haproxy_retry_on_with_lines("conn-failure") == "conn-failure"
+
+
+def test_ray_reads_the_retry_on_variable_verbatim() -> None:
+    value = ray_compat.haproxy_retry_on_with_lines("conn-failure", "option http-buffer-request")
+    code = (
+        "from ray.serve._private.haproxy import HAProxyConfig; "
+        "print(repr(HAProxyConfig().retry_on))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, ray_compat.HAPROXY_RETRY_ON_VAR: value},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == repr(value)
+
+
+def test_prestart_request_carries_the_count_the_environment_and_the_job() -> None:
+    from ray.core.generated import common_pb2
+
+    request = ray_compat.prestart_request(3, '{"env_vars": {"A": "1"}}', "01000000", 3600)
+    assert request.num_workers == 3 and request.keep_alive_duration_secs == 3600
+    assert request.language == common_pb2.PYTHON
+    assert request.job_id == bytes.fromhex("01000000")
+    assert request.runtime_env_info.serialized_runtime_env == '{"env_vars": {"A": "1"}}'
+    plain = ray_compat.prestart_request(1, "{}", "", 10)
+    assert plain.job_id == b"" and not plain.HasField("runtime_env_info")
+
+
+def test_outside_a_ray_session_there_is_no_node() -> None:
+    assert not ray.is_initialized()
+    assert ray_compat.session_dir() is None
+    assert ray_compat.metrics_export_port() is None
+    with pytest.raises(RuntimeError, match="not connected to Ray"):
+        ray_compat.raylet_address()
+    with pytest.raises(RuntimeError, match="not connected to Ray"):
+        ray_compat.prestart_workers(1, "{}", "", 10, timeout_s=1.0)
