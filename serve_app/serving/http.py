@@ -2,7 +2,7 @@
 and our errors turned into JSON bodies without tracebacks.
 
 Why not FastAPI's router: its routing, dependency solving and middleware stack cost more of a
-loaded replica's event loop than the whole embeddings path
+loaded replica's event loop than a whole short-text model's path
 (benchmarks/journal/2026-11-30-throughput-h200.md); serve_app's routes are a fixed handful of
 exact paths, so a dict lookup does the routing, and Starlette's Request and Response do the
 rest. The OpenAPI document is built from pydantic models

@@ -89,7 +89,7 @@ _STATUS_TEXT = {
     400: "Invalid request (the body names the field)",
     404: "Unknown model or route",
     405: "Method not allowed (see the Allow header)",
-    413: "Body or image too large",
+    413: "Body or one of its inputs too large",
     415: "Unsupported Content-Type",
     500: "Inference failed (the body carries an error id)",
     503: "Overloaded: the replica's queue is full (args.max_queued_items) or the request "
