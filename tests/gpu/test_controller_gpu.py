@@ -400,7 +400,7 @@ HOG_SCRIPT = r'''
 until the release file appears (or MAX_S passes), then exit (which frees everything)."""
 import json, os, sys, time
 import torch
-from serve_app.gpu.nvml import format_uuid
+from serve_app.gpu.devices import format_uuid
 
 uuids = set(sys.argv[1].split(","))
 leave, ready, release, max_s = int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5])
