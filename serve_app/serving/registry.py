@@ -9,9 +9,12 @@ if its process dies; every replica posts again within ``REPORT_PERIOD_S``."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import ray
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 NAME = "serve_app_registry"
 NAMESPACE = "serve_app"
@@ -39,13 +42,34 @@ class Registry:
         ]
 
 
-def get_registry() -> Any:
+class _Put(Protocol):
+    def remote(self, key: str, report: Any) -> ObjectRef[None]: ...
+
+
+class _All(Protocol):
+    def remote(self, max_age_s: float) -> ObjectRef[list[dict[str, Any]]]: ...
+
+
+class RegistryHandle(Protocol):
+    """The registry actor as its Ray handle offers it: each method called with ``.remote``."""
+
+    @property
+    def put(self) -> _Put: ...
+
+    @property
+    def all(self) -> _All: ...
+
+
+def get_registry() -> RegistryHandle:
     """The cluster's registry actor, created on first use."""
-    return Registry.options(  # type: ignore[attr-defined]
-        name=NAME,
-        namespace=NAMESPACE,
-        lifetime="detached",
-        get_if_exists=True,
-        max_restarts=-1,
-        resources={HEAD_NODE_RESOURCE: 0.001},
-    ).remote()
+    return cast(
+        RegistryHandle,
+        Registry.options(  # type: ignore[attr-defined]
+            name=NAME,
+            namespace=NAMESPACE,
+            lifetime="detached",
+            get_if_exists=True,
+            max_restarts=-1,
+            resources={HEAD_NODE_RESOURCE: 0.001},
+        ).remote(),
+    )

@@ -8,7 +8,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
@@ -56,6 +56,9 @@ from serve_app.serving.report import (
 )
 from serve_app.startup import warmpool
 from serve_app.startup.pipeline import start_replica
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 logger = logging.getLogger("serve_app")
 
@@ -354,7 +357,7 @@ class ModelServer:
             warm_workers=self._warm_workers.describe() if self._warm_workers else None,
         )
 
-    def _publish(self) -> Any:
+    def _publish(self) -> ObjectRef[None]:
         """Post this replica's report; the returned ref resolves once the registry has it."""
         report = self.report()
         self._metrics.update(report)
