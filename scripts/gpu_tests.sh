@@ -2,7 +2,7 @@
 # On the GPU host (two GPUs): the GPU tests, one suite per GPU, then tarballs under $OUT.
 # GPU 0: CUDA graphs (in-process), then the memory tests; GPU 1: the controller test, then the
 # cost of the cache policies.
-# Usage: bash scripts/gpu_tests.sh   (after the install line of ../shared/gpu-host/README.md)
+# Usage: bash scripts/gpu_tests.sh   (on a host set up as README.md's "GPU runs" says)
 set -u
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/gpu-out}"; RES=/tmp/gpu-results; mkdir -p "$OUT" "$RES/mem" "$RES/ctl"

@@ -4,8 +4,8 @@
 # command cut short still returns them): throughput.json, meta.json, server_reports.json, the
 # workers' logs, run.log and the rendered tables in tables.md.
 #
-# Needs .whl and .tools carried (wrk lives in .tools), after the install line of
-# ../shared/gpu-host/README.md:
+# On an offline host, with the packages as wheels in .whl and wrk in .tools (README.md, "GPU
+# runs"), after installing them:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; \
 #   export PYTHONUNBUFFERED=1; OUT=... bash scripts/gpu_throughput.sh [--max-time-s 540] [ARGS]

@@ -10,7 +10,7 @@ PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -qq --disable-pip-version-check -e '.[test]'
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
-echo "== ruff"; .venv/bin/ruff check serve_app tests load_tests
+echo "== ruff"; .venv/bin/ruff check serve_app tests load_tests benchmarks research
 echo "== mypy"; .venv/bin/mypy serve_app
 echo "== pytest"
 set +e
