@@ -1,6 +1,6 @@
 """What every table shares: where the results are, the doc a table is rendered into (so that
-its links resolve from there), JSON loading and number formatting. The formatting follows
-``load_tests/benchmarks/throughput/render.py`` (copied, not imported: this package runs with the
+its links resolve from there), JSON loading and number formatting (which
+``load_tests/benchmarks/throughput/render.py`` imports from here: this package runs with the
 standard library alone)."""
 
 from __future__ import annotations

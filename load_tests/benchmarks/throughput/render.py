@@ -13,25 +13,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.tables.common import fmt_ms, fmt_rate  # one formatting for the docs and this
+
 GIB = float(1 << 30)
 MODEL_TITLES = {
     "minilm": "MiniLM-L6 embeddings, fp16 (dummy weights), short texts",
     "resnet50": "ResNet-50, fp16 (dummy weights), 224 px JPEGs",
 }
-
-
-def fmt_rate(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:,.0f}" if value >= 100 else f"{value:,.1f}"
-
-
-def fmt_ms(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value >= 100:
-        return f"{value:,.0f} ms"
-    return f"{value:.1f} ms" if value >= 1 else f"{value:.2f} ms"
 
 
 def fmt_x(value: float | None) -> str:
