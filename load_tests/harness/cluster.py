@@ -146,7 +146,9 @@ def reliability_env() -> dict[str, str | None]:
 
 class UpLog:
     """Polls HAProxy every 0.2 s in a thread: when each replica was first seen UP, and when
-    first seen not UP (DOWN, MAINT or gone) after that."""
+    first seen not UP (DOWN, MAINT or gone) since it was last UP: a replica that flaps and comes
+    back forgets its earlier exit, so the exit recorded is the one after its last UP (a stale one
+    gave GPU fault run 2 a kill taken out of rotation "-4.64 s" after it)."""
 
     def __init__(self, target: Target):
         self.target = target
@@ -167,6 +169,7 @@ class UpLog:
             for rid, status in states.items():
                 if status.startswith("UP"):
                     self.first_up.setdefault(rid, now)
+                    self.first_out.pop(rid, None)
             for rid in self.first_up:
                 if not states.get(rid, "gone").startswith("UP"):
                     self.first_out.setdefault(rid, now)
