@@ -8,11 +8,11 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 import torch
-from ray import serve
+from ray import ObjectRef, serve
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
@@ -56,9 +56,6 @@ from serve_app.serving.report import (
 )
 from serve_app.startup import warmpool
 from serve_app.startup.pipeline import start_replica
-
-if TYPE_CHECKING:
-    from ray import ObjectRef
 
 logger = logging.getLogger("serve_app")
 
