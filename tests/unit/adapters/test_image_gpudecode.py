@@ -110,10 +110,8 @@ class CountingDecoder:
         return pillow_decode(data)
 
 
-def gpu_adapter(
-    decoder: CountingDecoder | None = None, chunk_pixels: int = 1 << 24, **args: Any
-) -> Model:
-    """An image adapter on the CPU with the GPU decode path switched on by hand."""
+def cpu_adapter(**args: Any) -> Model:
+    """A small image model set up on the CPU (seeded weights)."""
     base: dict[str, Any] = {
         "adapter": "image-classification",
         "arch": "resnet18",
@@ -124,24 +122,19 @@ def gpu_adapter(
     adapter = build(parse_args(base))
     torch.manual_seed(0)
     adapter.backend.setup(CPU)
-    adapter.backend._gpu = GpuJpegDecoder(  # type: ignore[attr-defined]
-        CPU, base["image_size"], chunk_pixels, 256, decode_batch=decoder or CountingDecoder()
-    )
-    adapter.backend.prepare_inline = True
     return adapter
 
 
-def cpu_adapter(**args: Any) -> Model:
-    base: dict[str, Any] = {
-        "adapter": "image-classification",
-        "arch": "resnet18",
-        "load_format": "dummy",
-        "image_size": 32,
-    }
-    base.update(args)
-    adapter = build(parse_args(base))
-    torch.manual_seed(0)
-    adapter.backend.setup(CPU)
+def gpu_adapter(
+    decoder: CountingDecoder | None = None, chunk_pixels: int = 1 << 24, **args: Any
+) -> Model:
+    """``cpu_adapter`` with the GPU decode path switched on by hand."""
+    adapter = cpu_adapter(**args)
+    size = adapter.backend.args.image_size  # type: ignore[attr-defined]
+    adapter.backend._gpu = GpuJpegDecoder(  # type: ignore[attr-defined]
+        CPU, size, chunk_pixels, 256, decode_batch=decoder or CountingDecoder()
+    )
+    adapter.backend.prepare_inline = True
     return adapter
 
 
