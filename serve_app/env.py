@@ -17,6 +17,9 @@ FAKE_NVML_VAR = "SERVE_APP_FAKE_NVML"
 """Test doubles: path of a JSON script that stands in for NVML (serve_app.testing.nvml)."""
 FAULT_HOOKS_VAR = "SERVE_APP_FAULT_HOOKS"
 """Test doubles: ``1`` mounts a replica's fault hooks (serve_app.testing.faults)."""
+TEST_DOUBLE_VARS = (FAKE_NVML_VAR, FAULT_HOOKS_VAR)
+ALLOW_TEST_DOUBLES_VAR = "SERVE_APP_ALLOW_TEST_DOUBLES"
+"""``1`` where a deploy file is checked lets its runtime_env set a TEST_DOUBLE_VARS variable."""
 HF_HUB_OFFLINE_VAR = "HF_HUB_OFFLINE"
 
 
@@ -47,6 +50,12 @@ def doubles() -> Doubles:
     )
 
 
+def doubles_allowed() -> bool:
+    """Whether this process may accept deploy files that switch test doubles on
+    (SERVE_APP_ALLOW_TEST_DOUBLES=1): test suites set it, production never does."""
+    return os.environ.get(ALLOW_TEST_DOUBLES_VAR) == "1"
+
+
 def models_offline() -> None:
     """Keep transformers and huggingface_hub off the network: serve_app loads models from local
     directories only, and a hub call that times out costs a replica's start seconds.
@@ -67,11 +76,21 @@ def haproxy_socket_path() -> str:
 
 def api_keys() -> list[str]:
     """API keys from SERVE_APP_API_KEYS (comma-separated) and the file SERVE_APP_API_KEYS_FILE
-    names (one per line; blank lines and lines starting with # are skipped). Empty: auth off.
-    A file that cannot be read is a ConfigError naming the variable."""
-    keys = [k.strip() for k in os.environ.get(API_KEYS_VAR, "").split(",") if k.strip()]
+    names (one per line; blank lines and lines starting with # are skipped). Neither set: no
+    keys, auth off. A variable that is set but yields no key (empty, blanks, comments only) is a
+    ConfigError naming it, as is a file that cannot be read: a key source that was meant to
+    close the endpoint must never leave it open."""
+    keys: list[str] = []
+    if API_KEYS_VAR in os.environ:
+        from_var = [k.strip() for k in os.environ[API_KEYS_VAR].split(",") if k.strip()]
+        if not from_var:
+            raise ConfigError(
+                f"{API_KEYS_VAR} is set but holds no key ({os.environ[API_KEYS_VAR]!r}); set "
+                "it to comma-separated keys, or unset it to serve without keys"
+            )
+        keys.extend(from_var)
     path = os.environ.get(API_KEYS_FILE_VAR)
-    if path:
+    if path is not None:
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -79,8 +98,34 @@ def api_keys() -> list[str]:
                 f"{API_KEYS_FILE_VAR}={path!r} cannot be read ({exc}); point it at a "
                 "readable UTF-8 file with one API key per line, or unset it"
             ) from None
-        for line in text.splitlines():
-            line = line.strip()
-            if line and not line.startswith("#"):
-                keys.append(line)
+        from_file = [
+            line.strip()
+            for line in text.splitlines()
+            if line.strip() and not line.strip().startswith("#")
+        ]
+        if not from_file:
+            raise ConfigError(
+                f"{API_KEYS_FILE_VAR}={path!r} holds no key (empty, or only blank and # lines); "
+                "put one API key per line in it, or unset it to serve without keys"
+            )
+        keys.extend(from_file)
     return keys
+
+
+def api_keys_file_warning() -> str | None:
+    """A warning when the file SERVE_APP_API_KEYS_FILE names can be read by its group or by
+    other users (mode bits 0o044); None when it cannot, or no file is named."""
+    path = os.environ.get(API_KEYS_FILE_VAR)
+    if not path:
+        return None
+    try:
+        mode = Path(path).stat().st_mode
+    except OSError:
+        return None  # api_keys() names the problem
+    if not mode & 0o044:
+        return None
+    return (
+        f"WARNING: the API key file {API_KEYS_FILE_VAR}={path!r} is readable by "
+        f"{'other users' if mode & 0o004 else 'its group'} (mode {mode & 0o777:o}); "
+        f"anyone who reads it holds a key: chmod 600 {path}"
+    )

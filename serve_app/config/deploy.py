@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from serve_app import env
 from serve_app.config.args import IMPORT_PATH, MPS_VARS, AppArgs, validation_messages
 from serve_app.errors import ConfigError
 
@@ -63,7 +64,60 @@ def check_deploy_config(doc: Any) -> list[str]:
             errors.extend(validation_messages(exc, prefix=f"{where}.args"))
             continue
         errors.extend(_check_deployments(args, app.get("deployments") or [], where))
+    if not env.doubles_allowed():
+        errors.extend(f"{field}: {TEST_DOUBLE_REFUSAL}" for field in doubles_in_runtime_envs(doc))
     return errors
+
+
+TEST_DOUBLE_REFUSAL = (
+    "a test double (serve_app/testing): with it, any API key holder can allocate GPU memory "
+    "outside the cap or kill a replica (fault hooks), or the GPU readings are made up "
+    f"(scripted NVML); remove it, or set {env.ALLOW_TEST_DOUBLES_VAR}=1 where you check and "
+    "deploy a test cluster"
+)
+
+
+def doubles_in_runtime_envs(doc: dict[str, Any]) -> list[str]:
+    """The field paths of every test-double variable (env.TEST_DOUBLE_VARS) that a deploy
+    file's runtime_envs set, an application's or a deployment's."""
+    found: list[str] = []
+    for i, app in enumerate(doc.get("applications") or []):
+        if not isinstance(app, dict):
+            continue
+        envs = [(f"applications[{i}].runtime_env", app.get("runtime_env"))]
+        for j, dep in enumerate(app.get("deployments") or []):
+            opts = dep.get("ray_actor_options") if isinstance(dep, dict) else None
+            if isinstance(opts, dict):
+                path = f"applications[{i}].deployments[{j}].ray_actor_options.runtime_env"
+                envs.append((path, opts.get("runtime_env")))
+        for path, runtime_env in envs:
+            env_vars = runtime_env.get("env_vars") if isinstance(runtime_env, dict) else None
+            if isinstance(env_vars, dict):
+                found.extend(f"{path}.env_vars.{v}" for v in env.TEST_DOUBLE_VARS if v in env_vars)
+    return found
+
+
+def doubles_warning(doc: dict[str, Any]) -> str | None:
+    """The warning ``serve-app run`` prints when test doubles are on: in its own environment
+    (Ray's processes inherit it) or in the deploy file (accepted only under
+    SERVE_APP_ALLOW_TEST_DOUBLES=1); None when neither."""
+    doubles = env.doubles()
+    where = [
+        f"{v} in this environment"
+        for v, on in (
+            (env.FAULT_HOOKS_VAR, doubles.fault_hooks),
+            (env.FAKE_NVML_VAR, doubles.nvml_script),
+        )
+        if on
+    ]
+    where += doubles_in_runtime_envs(doc)
+    if not where:
+        return None
+    return (
+        "WARNING: TEST DOUBLES ARE ON (" + "; ".join(where) + "): replicas may serve "
+        "POST /v1/_faults, which lets any API key holder allocate GPU memory outside the cap "
+        "or kill a replica, or read made-up GPU memory. Never run this in production."
+    )
 
 
 def _check_deployments(args: AppArgs, deployments: list[Any], where: str) -> list[str]:

@@ -109,6 +109,47 @@ def _control(
     )
 
 
+def trust_problem(pipe_dir: str, log_dir: str | None, allowed: frozenset[int]) -> str | None:
+    """Why the daemon at ``pipe_dir`` must not be adopted, or None: its pipe directory, control
+    socket or PID file belongs to a uid outside ``allowed`` (root and this user), the PID runs as
+    one, or ``log_dir`` does. Any local user can create /tmp/nvidia-mps with a socket and a PID
+    file; replicas would then adopt a daemon that is not the driver's."""
+    pipe = Path(pipe_dir)
+    pid_file = pipe / "nvidia-cuda-mps-control.pid"
+    named = [(pipe, "pipe directory"), (pipe / "control", "control socket"), (pid_file, "PID file")]
+    if log_dir:
+        named.append((Path(log_dir), f"log directory ({LOG_VAR})"))
+    for path, what in named:
+        try:
+            uid = path.lstat().st_uid
+        except OSError:
+            continue  # absent: daemon_answers decides
+        if uid not in allowed:
+            return f"its {what} {path} belongs to uid {uid}"
+    import psutil
+
+    try:
+        pid = int(pid_file.read_text().strip())
+        uid = psutil.Process(pid).uids().real
+    except (OSError, ValueError, psutil.Error):
+        return None  # no such PID here (another PID namespace): the files decide
+    return f"its PID {pid} runs as uid {uid}" if uid not in allowed else None
+
+
+def refuse_untrusted(
+    pipe_dir: str, log_dir: str | None, allowed: frozenset[int] | None = None
+) -> None:
+    """Raise StartupError when trust_problem finds one (``allowed``: root and this user)."""
+    allowed = allowed if allowed is not None else frozenset({0, os.getuid()})
+    problem = trust_problem(pipe_dir, log_dir, allowed)
+    if problem:
+        raise StartupError(
+            f"the MPS control daemon at {pipe_dir} is not adopted: {problem}, neither root "
+            f"nor you (uid {os.getuid()}). Point {PIPE_VAR} (and {LOG_VAR}) at directories you "
+            f"own, where serve-app run starts its own daemon, {TORCH_HINT}"
+        )
+
+
 def daemon_answers(pipe_dir: str) -> bool:
     """Whether an MPS control daemon answers at ``pipe_dir``: its control socket is there and
     the PID its PID file names is alive; where that PID cannot be seen (another PID namespace),
@@ -123,7 +164,7 @@ def daemon_answers(pipe_dir: str) -> bool:
         os.kill(pid, 0)
         return True
     except PermissionError:
-        return True  # alive, another user's
+        return True  # alive, another user's (trust_problem refuses it unless root's)
     except (OSError, ValueError):
         pass
     for _ in range(5):
@@ -178,10 +219,12 @@ def ensure_daemon() -> Daemon:
         )
     pipe = pipe_directory()
     if daemon_answers(pipe):
+        refuse_untrusted(pipe, env.get(LOG_VAR))
         return Daemon(pipe_dir=pipe, log_dir=env.get(LOG_VAR), started=False)
     if env.get(PIPE_VAR):  # the operator named a directory: start ours there
         scratch = None
         log_dir = env.get(LOG_VAR) or str(Path(pipe).parent / "mps-log")
+        refuse_untrusted(pipe, log_dir)  # directories someone else made first
     else:  # a private directory, so that no other CUDA program here becomes our client
         scratch = tempfile.mkdtemp(prefix="serve-app-mps-")
         pipe, log_dir = str(Path(scratch) / "pipe"), str(Path(scratch) / "log")
@@ -297,6 +340,7 @@ def plan_client(
             + TORCH_HINT
         )
     pipe = pipe_directory()
+    refuse_untrusted(pipe, env.get(LOG_VAR))
     if not daemon_answers(pipe):
         raise StartupError(
             f"memory.enforcement {enforcement}: no MPS control daemon answers at {pipe} "

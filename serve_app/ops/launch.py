@@ -21,11 +21,19 @@ from typing import Any
 import httpx
 
 from serve_app import env
-from serve_app.config.deploy import check_deploy_config, enforcements
+from serve_app.config.deploy import check_deploy_config, doubles_warning, enforcements
 from serve_app.errors import ConfigError, StartupError
 from serve_app.gpu import mps
 from serve_app.ops.cluster_env import cluster_env, longest_request_timeout_s
-from serve_app.ops.haproxy import haproxy_node_path, haproxy_pids
+from serve_app.ops.haproxy import (
+    free_stale_port,
+    haproxy_node_path,
+    haproxy_pids,
+    own_haproxies,
+    release_private_files,
+    stop_own_haproxy,
+    use_private_files,
+)
 from serve_app.ops.ports import DEFAULT_HOST, port_is_free
 from serve_app.startup import ray_compat, warmpool
 
@@ -241,7 +249,8 @@ def run(doc: dict[str, Any], *, haproxy: bool = True, ready_timeout_s: float = 3
         notes.append(f"Serving on {gpus} GPU(s).")
     host, port = http_address(doc)
     doc.setdefault("http_options", {}).update({"host": host, "port": port})
-    keys = env.api_keys()  # read here too: a bad key file fails before Ray starts
+    # Read here too: a key variable that yields no key, or a bad file, fails before Ray starts.
+    keys = env.api_keys()
     warning = exposure_warning(host, bool(keys))
     warnings = [warning] if warning else []
     if warning:
@@ -250,14 +259,19 @@ def run(doc: dict[str, Any], *, haproxy: bool = True, ready_timeout_s: float = 3
         notes.append(
             f"API keys: {len(keys)} configured; inference, /v1/models and /v1/memory need one."
         )
+    for extra in (env.api_keys_file_warning(), doubles_warning(doc)):
+        if extra:
+            logger.warning(extra)
+            warnings.append(extra)
     if not port_is_free(host, port):
-        raise StartupError(
-            f"{host}:{port} is already in use (another server, or an HAProxy left by a killed "
-            "run: `pkill haproxy`); free it or set http_options.port in the config"
-        )
+        # An HAProxy left by a killed run of ours is stopped (its pid file names it); any
+        # other holder is a StartupError saying who, where it can tell.
+        notes.append(free_stale_port(host, port))
     mps_note = start_mps_if_needed(doc, gpus)
     if mps_note:
         notes.append(mps_note)
+    if haproxy:
+        use_private_files()  # a fresh 0700 directory; shutdown removes it
     start_ray(
         gpus,
         haproxy,
@@ -301,6 +315,10 @@ def shutdown() -> None:
             proc.kill()
     if haproxy_dir is not None and haproxy_dir.is_dir():
         shutil.rmtree(haproxy_dir, ignore_errors=True)
+    for own in own_haproxies():  # this run's, had the session not named it
+        if own.owner_pid == os.getpid():
+            stop_own_haproxy(own)
+    release_private_files()
     global _mps_daemon
     mps.stop_daemon(_mps_daemon)  # after Ray: its replicas were the daemon's clients
     _mps_daemon = None

@@ -80,7 +80,11 @@ def haproxy_side_ports() -> dict[str, str]:
 
 def private_haproxy_ports() -> dict[str, str]:
     """``haproxy_side_ports`` set in this process's environment before Ray starts, so that a
-    second cluster on the machine does not collide with the first."""
+    second cluster on the machine does not collide with the first; and HAProxy's files in a
+    fresh private directory (``haproxy.use_private_files``; ``launch.shutdown`` removes it)."""
+    from serve_app.ops.haproxy import use_private_files
+
     ports = haproxy_side_ports()
     os.environ.update(ports)
+    use_private_files()
     return ports

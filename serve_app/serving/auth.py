@@ -2,7 +2,9 @@
 
 Keys come from the environment only (``SERVE_APP_API_KEYS``, comma-separated, and/or the file
 named by ``SERVE_APP_API_KEYS_FILE``, one key per line), never from the deploy config, which
-is often committed. With no key configured, auth is off. The check runs in the HTTP edge
+is often committed. With neither variable set, auth is off; a variable that is set but yields no
+key stops the replica from starting (``env.api_keys``), so an empty Secret never serves open.
+The check runs in the HTTP edge
 (``http.Ingress``) before any handler, so a request without a valid key costs no decoding and
 no model work.
 
@@ -15,9 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 from collections.abc import Iterable, Mapping
 
+from serve_app import env
 from serve_app.errors import Unauthorized
+
+logger = logging.getLogger("serve_app")
 
 # Routes beside the inference routes that need a key when keys are configured. /healthz and
 # /readyz stay open for probes; /openapi.json and /docs stay open so that clients can discover
@@ -79,3 +85,14 @@ class ApiKeys:
             )
         if not self.valid(token):
             raise Unauthorized("the API key is not valid", code="invalid_api_key")
+
+
+def load_api_keys() -> ApiKeys:
+    """The keys of this process's environment, for a replica: raises ConfigError (naming the
+    variable) when a key variable is set but yields no key, and logs a warning when the key
+    file is readable by other users."""
+    keys = ApiKeys(env.api_keys())
+    warning = env.api_keys_file_warning()
+    if warning:
+        logger.warning(warning)
+    return keys

@@ -26,7 +26,7 @@ from serve_app.gpu import calibcache
 from serve_app.gpu.budget import format_bytes
 from serve_app.ops.status import by_node_and_gpu, cluster_view, placement_groups
 from serve_app.serving import poison, readiness
-from serve_app.serving.auth import ApiKeys, protected_paths
+from serve_app.serving.auth import load_api_keys, protected_paths
 from serve_app.serving.batcher import Batcher
 from serve_app.serving.http import (
     Handler,
@@ -83,6 +83,9 @@ class ModelServer:
 
     def __init__(self, args: dict[str, Any] | AppArgs):
         self.args = args if isinstance(args, AppArgs) else parse_args(args)
+        # From the environment, never the config; first, so that a key variable that yields no
+        # key stops the replica before any model work (it never serves open).
+        self._api_keys = load_api_keys()
         ctx = serve.get_replica_context()
         self.replica_id = str(ctx.replica_id.unique_id) if ctx else f"local-{os.getpid()}"
         assigned = ray.get_runtime_context().get_assigned_resources()
@@ -100,7 +103,6 @@ class ModelServer:
             self.model.backend.graphs, self.started.warmup, self.partition
         )
         self._served_by = {"x-serve-app-replica": self.replica_id}
-        self._api_keys = ApiKeys(env.api_keys())  # from the environment, never the config
         self._batcher: Batcher[Any, Any] = Batcher(
             self._run_batch,
             self._executor,

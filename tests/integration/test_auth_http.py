@@ -73,3 +73,32 @@ def test_a_wrong_key_costs_no_model_work(keyed: str) -> None:
     again = httpx.post(url, json=body, headers=bearer(KEYS[1]), timeout=60.0)
     assert again.status_code == 200
     assert batches(keyed, again.headers["x-serve-app-replica"]) >= 1
+
+
+def test_a_replica_with_an_empty_key_file_never_serves(cluster, tmp_path) -> None:
+    """The KubeRay and `serve deploy` path: an empty Secret mounted as the key file stops the
+    replica at start-up (config error naming the variable); the route never answers."""
+    from ray import serve
+
+    from serve_app.config.args import parse_args
+    from serve_app.serving.replica import ModelServer
+
+    empty = tmp_path / "api-keys.txt"
+    empty.write_text("# rotated out, none yet\n")
+    opts = {"num_cpus": 0.5, "runtime_env": {"env_vars": {"SERVE_APP_API_KEYS_FILE": str(empty)}}}
+    app = ModelServer.options(ray_actor_options=opts).bind(  # type: ignore[attr-defined]
+        parse_args(ARGS).model_dump()
+    )
+    try:
+        with pytest.raises(RuntimeError, match="Deploying application emptykeys failed"):
+            serve.run(app, name="emptykeys", route_prefix="/emptykeys")
+        # Serve keeps the replica's own error in the deployment's status.
+        deployment = serve.status().applications["emptykeys"].deployments["model"]
+        assert "SERVE_APP_API_KEYS_FILE=" in deployment.message, deployment.message
+        assert "holds no key" in deployment.message
+        resp = httpx.post(
+            f"{cluster.base_url}/emptykeys/v1/embeddings", json={"input": "x"}, timeout=10.0
+        )
+        assert resp.status_code != 200
+    finally:
+        serve.delete("emptykeys")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -246,3 +247,106 @@ def test_daemon_answers_by_its_socket_and_live_pid(
     (tmp_path / "nvidia-cuda-mps-control.pid").write_text("4194303\n")  # no such process
     monkeypatch.setenv("PATH", "/nonexistent")  # and no control program to ask
     assert not mps.daemon_answers(str(tmp_path))
+
+
+# ---- whose daemon: a fake /tmp/nvidia-mps tree ----------------------------------------------
+
+ME = os.getuid()
+OTHER = 65534 if ME != 65534 else 65533  # nobody: never root, never this user
+as_root = pytest.mark.skipif(ME != 0, reason="chown to another user needs root")
+
+
+def _fake_daemon(root: Path, pid: int | None = None) -> Path:
+    """A pipe directory as the driver's daemon leaves it: a control socket and a PID file."""
+    pipe = root / "nvidia-mps"
+    pipe.mkdir()
+    (pipe / "control").touch()
+    (pipe / "nvidia-cuda-mps-control.pid").write_text(f"{pid or os.getpid()}\n")
+    return pipe
+
+
+def test_a_daemon_whose_files_are_ours_or_roots_is_trusted(tmp_path: Path) -> None:
+    pipe = _fake_daemon(tmp_path)
+    (tmp_path / "log").mkdir()
+    assert mps.trust_problem(str(pipe), str(tmp_path / "log"), frozenset({0, ME})) is None
+    mps.refuse_untrusted(str(pipe), str(tmp_path / "log"))  # the default: root and this user
+
+
+def test_a_daemon_whose_files_are_someone_elses_is_refused(tmp_path: Path) -> None:
+    """Pure logic: the same tree, judged for a user who owns none of it."""
+    pipe = _fake_daemon(tmp_path)
+    problem = mps.trust_problem(str(pipe), None, frozenset({OTHER}))
+    assert problem == f"its pipe directory {pipe} belongs to uid {ME}"
+    with pytest.raises(StartupError, match=r"is not adopted: its pipe directory .* uid \d+"):
+        mps.refuse_untrusted(str(pipe), None, frozenset({OTHER}))
+
+
+def test_a_pid_of_another_user_is_refused(tmp_path: Path) -> None:
+    """The files are ours; the PID they name runs as someone this test does not allow: a child
+    running as nobody when we are root, else PID 1 (root), judged for this user alone."""
+    child = None
+    if ME == 0:
+        child = subprocess.Popen(["sleep", "30"], user=OTHER)
+        pid, runs_as = child.pid, OTHER
+    else:
+        pid, runs_as = 1, 0
+    try:
+        pipe = _fake_daemon(tmp_path, pid)
+        problem = mps.trust_problem(str(pipe), None, frozenset({ME}))
+        assert problem == f"its PID {pid} runs as uid {runs_as}"
+    finally:
+        if child is not None:
+            child.kill()
+            child.wait()
+
+
+@pytest.mark.skipif(ME == 0, reason="as root, the chown test below covers it")
+def test_a_log_directory_of_someone_else_is_refused(tmp_path: Path) -> None:
+    """Pure logic: "/" is root's, judged for this (non-root) user alone."""
+    pipe = _fake_daemon(tmp_path)
+    problem = mps.trust_problem(str(pipe), "/", frozenset({ME}))
+    assert problem == f"its log directory ({mps.LOG_VAR}) / belongs to uid 0"
+
+
+@as_root
+@pytest.mark.parametrize("planted", ["control", "nvidia-cuda-mps-control.pid", ".", "log"])
+def test_run_and_replicas_refuse_a_planted_daemon(
+    tmp_path: Path, scripted: Any, monkeypatch: pytest.MonkeyPatch, planted: str
+) -> None:
+    """Root's own check, no injection: one file of the tree chowned to nobody, and both
+    `serve-app run` (ensure_daemon) and a replica (plan_client) refuse to adopt it."""
+    pipe = _fake_daemon(tmp_path)
+    log = tmp_path / "log"
+    log.mkdir()
+    os.chown(log if planted == "log" else pipe / planted, OTHER, OTHER)
+    scripted()
+    monkeypatch.setenv(mps.PIPE_VAR, str(pipe))
+    monkeypatch.setenv(mps.LOG_VAR, str(log))
+    monkeypatch.setattr(mps.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(mps, "daemon_answers", lambda p: True)
+    with pytest.raises(StartupError, match=f"is not adopted: .* belongs to uid {OTHER}"):
+        mps.ensure_daemon()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setattr(mps, "driver_initialized", lambda: False)
+    with pytest.raises(StartupError, match=f"is not adopted: .* belongs to uid {OTHER}"):
+        mps.plan_client("mps", 0.25, None, None)
+    assert mps.LIMIT_VAR not in os.environ or not os.environ[mps.LIMIT_VAR]
+
+
+@as_root
+def test_run_refuses_to_start_its_daemon_in_directories_someone_else_made(
+    tmp_path: Path, scripted: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pipe = tmp_path / "pipe"
+    pipe.mkdir()
+    os.chown(pipe, OTHER, OTHER)
+    scripted()
+    monkeypatch.setenv(mps.PIPE_VAR, str(pipe))
+    monkeypatch.delenv(mps.LOG_VAR, raising=False)
+    monkeypatch.setattr(mps.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(mps, "daemon_answers", lambda p: False)
+    started: list[str] = []
+    monkeypatch.setattr(mps.subprocess, "run", lambda *a, **k: started.append("run"))
+    with pytest.raises(StartupError, match=f"pipe directory {pipe} belongs to uid {OTHER}"):
+        mps.ensure_daemon()
+    assert started == []

@@ -4,16 +4,22 @@ port ranges; a bound port is not free."""
 import os
 import random
 import socket
+import tempfile
 
 import pytest
 
-from serve_app.ops import ports
+from serve_app.ops import haproxy, ports
 
 
 def test_private_ports_are_distinct_and_in_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # it sets HAProxy's variables
     for var in ports.HAPROXY_SIDE_PORT_VARS:
         monkeypatch.delenv(var, raising=False)
-    chosen = ports.private_haproxy_ports()
+    try:
+        chosen = ports.private_haproxy_ports()
+        assert os.environ[haproxy.BINARY_VAR].startswith(tempfile.gettempdir())
+    finally:
+        haproxy.release_private_files()
     assert set(chosen) == set(ports.HAPROXY_SIDE_PORT_VARS)
     values = [int(v) for v in chosen.values()]
     assert len(set(values)) == len(values)

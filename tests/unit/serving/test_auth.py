@@ -151,3 +151,69 @@ def test_openapi_names_the_bearer_scheme_only_when_keys_are_on() -> None:
             assert op["security"] == [{BEARER: []}] and "401" in op["responses"], path
     for path in ("/healthz", "/readyz"):
         assert "security" not in on["paths"][path]["get"], path
+
+
+@pytest.mark.parametrize("value", ["", "   ", " , ,", ","])
+def test_a_set_key_variable_with_no_key_fails_closed(no_keys, value: str) -> None:
+    no_keys.setenv(env.API_KEYS_VAR, value)
+    with pytest.raises(ConfigError, match="^SERVE_APP_API_KEYS is set but holds no key"):
+        env.api_keys()
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "   \n\t\n", "# keys rotated\n  # none yet\n"])
+def test_a_key_file_with_no_key_fails_closed(no_keys, tmp_path: Path, text: str) -> None:
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text(text)
+    no_keys.setenv(env.API_KEYS_FILE_VAR, str(keys_file))
+    with pytest.raises(ConfigError, match="^SERVE_APP_API_KEYS_FILE=.* holds no key"):
+        env.api_keys()
+    # Keys in the other variable do not excuse an empty file: each set variable must yield one.
+    no_keys.setenv(env.API_KEYS_VAR, "alpha")
+    with pytest.raises(ConfigError, match="SERVE_APP_API_KEYS_FILE"):
+        env.api_keys()
+    # Nor does a file with keys excuse an empty variable.
+    keys_file.write_text("gamma\n")
+    no_keys.setenv(env.API_KEYS_VAR, "")
+    with pytest.raises(ConfigError, match="^SERVE_APP_API_KEYS is set"):
+        env.api_keys()
+
+
+def test_an_empty_key_file_variable_fails_closed(no_keys) -> None:
+    no_keys.setenv(env.API_KEYS_FILE_VAR, "")
+    with pytest.raises(ConfigError, match="SERVE_APP_API_KEYS_FILE=''"):
+        env.api_keys()
+
+
+@pytest.mark.parametrize(
+    ("mode", "words"), [(0o600, None), (0o400, None), (0o640, "its group"), (0o644, "other users")]
+)
+def test_a_key_file_others_can_read_gets_a_warning(
+    no_keys, tmp_path: Path, mode: int, words: str | None
+) -> None:
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text("alpha\n")
+    keys_file.chmod(mode)
+    assert env.api_keys_file_warning() is None  # no file named
+    no_keys.setenv(env.API_KEYS_FILE_VAR, str(keys_file))
+    warning = env.api_keys_file_warning()
+    if words is None:
+        assert warning is None
+    else:
+        assert warning is not None and words in warning
+        assert f"{mode:o}" in warning and f"chmod 600 {keys_file}" in warning
+
+
+def test_the_replica_loads_keys_and_logs_the_warning(
+    no_keys, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text("alpha\n")
+    keys_file.chmod(0o644)
+    no_keys.setenv(env.API_KEYS_FILE_VAR, str(keys_file))
+    with caplog.at_level("WARNING", logger="serve_app"):
+        keys = auth.load_api_keys()
+    assert keys.enabled and keys.valid(b"alpha")
+    assert "readable by other users" in caplog.text
+    keys_file.write_text("# no keys left\n")
+    with pytest.raises(ConfigError, match="SERVE_APP_API_KEYS_FILE"):
+        auth.load_api_keys()
