@@ -350,10 +350,12 @@ class OpenLoopPool:
         poisson: bool = True,
         timeout_s: float = 5.0,
         max_in_flight: int = 4096,
+        drain_s: float | None = None,
     ) -> dict[str, Any]:
         """Offer ``rate_per_s`` in all (split evenly: a sum of Poisson processes is Poisson)
         for warmup_s + duration_s; returns summarise_openloop of the measured window.
-        ``max_in_flight`` is per worker process."""
+        ``max_in_flight`` is per worker process; ``drain_s`` (default min(timeout_s, 3)) is how
+        long the answers still due after the schedule may take before they count as timeouts."""
         self.submit(
             url,
             headers,
@@ -366,6 +368,7 @@ class OpenLoopPool:
             poisson=poisson,
             timeout_s=timeout_s,
             max_in_flight=max_in_flight,
+            drain_s=drain_s,
         )
         return self.collect()
 
@@ -384,12 +387,13 @@ class OpenLoopPool:
         timeout_s: float = 5.0,
         max_in_flight: int = 4096,
         stop_path: Path | None = None,
+        drain_s: float | None = None,
     ) -> list[Path]:
         """Start a job on every worker without waiting (``collect`` waits); returns the
         workers' progress files (see ``read_progress``). With ``stop_path``, the workers stop
         sending once that file exists (at most PROGRESS_EVERY_S later), drain and answer."""
         n = len(self.procs)
-        drain_s = min(timeout_s, 3.0)
+        drain_s = min(timeout_s, 3.0) if drain_s is None else drain_s
         start_at = time.time() + 0.3
         progress = [self.work_dir / f"openloop-{k}.progress.json" for k in range(n)]
         for path in progress:
