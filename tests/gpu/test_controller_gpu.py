@@ -6,7 +6,9 @@ needs 4 replicas however fast a replica is (issue 29, item 4):
 
 0. probe: a separate one-replica application, same arguments, gets a closed loop of
    ``PROBE_IN_FLIGHT`` outstanding requests for ``PROBE_S`` seconds after a warm-up: its
-   throughput is what one replica carries (``r1``); then it is deleted;
+   throughput is what one replica carries (``r1``). Requests carry 1 text, or more where the
+   client could not offer 3.25 x r1 of 1-text requests (``TEXTS_PER_REQUEST``); then the
+   application is deleted;
 1. load: an open loop (Poisson, ``RATE_FACTOR x r1``, load_tests.harness.demand) on the
    autoscaled deployment: the controller scales it up to 4 replicas;
 2. memory grab: a separate process (not Ray's) allocates the GPU's free memory with torch until
@@ -87,7 +89,12 @@ ARGS = {
     "batch_wait_timeout_s": 0.002,
 }
 HEADERS = {"content-type": "application/json"}
-BODY = json.dumps({"input": ["an open-loop request: the quick brown fox jumps over the dog"]})
+TEXT = "an open-loop request: the quick brown fox jumps over the lazy dog"
+# Texts per request: a heavier request where one replica answers more light ones than the bound
+# on the client's rate allows 3.25 x of (each is probed in turn; the first that fits is used).
+TEXTS_PER_REQUEST = (1, 4, 16)
+# In flight x texts stays <= half a replica's max_queued_items (4096): one replica can hold all.
+QUEUED_ITEMS_IN_FLIGHT = 2048
 # Open loop at 3.5 x r1 (what one replica carries): 3 replicas carry <= 3 x r1, so their backlog
 # grows and the load passes 1 x 3; 4 are each busy >= 87.5% with >= 1 request, so L >= 3.5 > 2.4.
 TARGET_ONGOING_REQUESTS = 1
@@ -103,6 +110,7 @@ PROBE_OFFERED_PER_S = 20_000.0  # the probe offers far more, so its in-flight ca
 PROBE_WARMUP_S = 3.0
 PROBE_S = 5.0
 REQUEST_TIMEOUT_S = 30.0
+DRAIN_S = 10.0  # answers still due when a loop stops may take this long (a replica's queue limit)
 POLICY_KWARGS = {
     "target_ongoing_requests": TARGET_ONGOING_REQUESTS,
     "safety_margin_bytes": MARGIN_BYTES,
@@ -179,7 +187,7 @@ def deploy(base_url: str, app: str, prefix: str, **options: Any) -> str:
             pytest.fail(f"{base}/healthz did not answer 200 within 120 s of serve.run")
         time.sleep(0.5)
     log(f"{app!r} answers at {base} after {time.monotonic() - started:.1f} s")
-    first = httpx.post(f"{base}/v1/embeddings", content=BODY, headers=HEADERS, timeout=60.0)
+    first = httpx.post(f"{base}/v1/embeddings", content=body_of(1), headers=HEADERS, timeout=60)
     assert first.status_code == 200, f"{app}: first request: {first.status_code} {first.text[:500]}"
     return base
 
@@ -233,52 +241,90 @@ def client_cores() -> list[int]:
     return cores[-CLIENT_PROCS:]
 
 
-def measure_one_replica(base_url: str, pool: OpenLoopPool, body: Path) -> dict[str, Any]:
-    """What one replica carries at ARGS: a one-replica application (no autoscaling) under a
-    closed loop of PROBE_IN_FLIGHT outstanding requests. The pool offers PROBE_OFFERED_PER_S,
-    far more than a replica answers, and sends only while fewer than the cap are outstanding:
-    each answer lets the next request go. Deleted after."""
+def body_of(texts: int) -> str:
+    return json.dumps({"input": [f"{TEXT} ({i})" for i in range(texts)]})
+
+
+def probe_and_plan(
+    base_url: str, pool: OpenLoopPool, work: Path
+) -> tuple[list[dict[str, Any]], DemandPlan | None, Path | None]:
+    """What one replica carries at ARGS, and the open loop that needs MAX_REPLICAS.
+
+    A one-replica application (no autoscaling) gets a closed loop of PROBE_IN_FLIGHT
+    outstanding requests: the pool offers PROBE_OFFERED_PER_S, far more than a replica answers,
+    and sends only while fewer than the cap are outstanding, so each answer lets the next
+    request go. Requests of 1 text first; where the bound on the client's rate leaves too little
+    over 3 replicas (DemandError), heavier ones (TEXTS_PER_REQUEST). Returns every probe, the
+    plan and the body file (None, None where nothing fitted or a probe's request failed). The
+    application is deleted after."""
     from ray import serve
 
     base = deploy(base_url, PROBE_APP, PROBE_PREFIX, num_replicas=1)
     per_proc = math.ceil(PROBE_IN_FLIGHT / len(pool.procs))
+    probes: list[dict[str, Any]] = []
     try:
-        log(
-            f"probe: {per_proc * len(pool.procs)} outstanding requests against one replica for "
-            f"{PROBE_WARMUP_S:.0f} + {PROBE_S:.0f} s"
-        )
-        summary = pool.point(
-            f"{base}/v1/embeddings",
-            HEADERS,
-            body,
-            rate_per_s=PROBE_OFFERED_PER_S,
-            duration_s=PROBE_S,
-            warmup_s=PROBE_WARMUP_S,
-            connections=per_proc * len(pool.procs),
-            timeout_s=REQUEST_TIMEOUT_S,
-            max_in_flight=per_proc,
-        )
+        for texts in TEXTS_PER_REQUEST:
+            body = work / f"body-{texts}.json"
+            body.write_text(body_of(texts))
+            log(
+                f"probe: {per_proc * len(pool.procs)} outstanding requests of {texts} text(s) "
+                f"against one replica for {PROBE_WARMUP_S:.0f} + {PROBE_S:.0f} s"
+            )
+            summary = pool.point(
+                f"{base}/v1/embeddings",
+                HEADERS,
+                body,
+                rate_per_s=PROBE_OFFERED_PER_S,
+                duration_s=PROBE_S,
+                warmup_s=PROBE_WARMUP_S,
+                connections=per_proc * len(pool.procs),
+                timeout_s=REQUEST_TIMEOUT_S,
+                drain_s=DRAIN_S,
+                max_in_flight=per_proc,
+            )
+            errors = pool.last_results
+            probe = {
+                "app": PROBE_APP,
+                "texts_per_request": texts,
+                "in_flight": per_proc * len(pool.procs),
+                "offered_per_s": PROBE_OFFERED_PER_S,
+                "warmup_s": PROBE_WARMUP_S,
+                "duration_s": PROBE_S,
+                "one_replica_per_s": summary["requests_per_s"],
+                "failed": {k: v for k, v in summary["error_counts"].items() if k != "dropped"},
+                "error_samples": [e for r in errors for e in r.get("error_samples", [])][:5],
+                "p50_ms": summary["p50_ms"],
+                "p99_ms": summary["p99_ms"],
+                "client_cpu_frac_max": summary["client_cpu_frac_max"],
+            }
+            probes.append(probe)
+            log(f"probe: one replica carries {probe['one_replica_per_s']:.0f} requests/s: {probe}")
+            if summary["client_cpu_frac_max"] >= 0.9:
+                log("WARNING: a client process was >= 90% busy in the probe: it may be the limit")
+            if probe["failed"]:
+                return probes, None, None
+            try:
+                plan = plan_demand(
+                    probe["one_replica_per_s"],
+                    want_replicas=MAX_REPLICAS,
+                    target_ongoing_requests=TARGET_ONGOING_REQUESTS,
+                    downscale_threshold=DOWNSCALE_THRESHOLD,
+                    factor=RATE_FACTOR,
+                    min_factor=MIN_RATE_FACTOR,
+                    max_rate_per_s=MAX_RATE_PER_S,
+                    in_flight_s=IN_FLIGHT_S,
+                    min_in_flight=MIN_IN_FLIGHT,
+                    max_in_flight=min(MAX_IN_FLIGHT, QUEUED_ITEMS_IN_FLIGHT // texts),
+                )
+            except DemandError as exc:
+                probe["plan_error"] = str(exc)
+                log(f"probe: no open loop of {texts}-text requests fits: {exc}")
+                continue
+            return probes, plan, body
     finally:
         serve.delete(PROBE_APP)
         log(f"deleted {PROBE_APP!r}")
-    failed = {k: v for k, v in summary["error_counts"].items() if k != "dropped"}
-    probe = {
-        "app": PROBE_APP,
-        "in_flight": per_proc * len(pool.procs),
-        "offered_per_s": PROBE_OFFERED_PER_S,
-        "warmup_s": PROBE_WARMUP_S,
-        "duration_s": PROBE_S,
-        "one_replica_per_s": summary["requests_per_s"],
-        "failed": failed,
-        "error_samples": [e for r in pool.last_results for e in r.get("error_samples", [])][:5],
-        "p50_ms": summary["p50_ms"],
-        "p99_ms": summary["p99_ms"],
-        "client_cpu_frac_max": summary["client_cpu_frac_max"],
-    }
-    log(f"probe: one replica carries {probe['one_replica_per_s']:.0f} requests/s: {probe}")
-    if summary["client_cpu_frac_max"] >= 0.9:
-        log("WARNING: a client process was busy >= 90% in the probe: the client may be the limit")
-    return probe
+    return probes, None, None
 
 
 class OpenLoad:
@@ -307,6 +353,7 @@ class OpenLoad:
             warmup_s=0.0,
             connections=self.per_proc * len(self.pool.procs),
             timeout_s=REQUEST_TIMEOUT_S,
+            drain_s=DRAIN_S,
             max_in_flight=self.per_proc,
             stop_path=self.stop_path,
         )
@@ -316,7 +363,7 @@ class OpenLoad:
         return read_progress(self.progress)
 
     def stop(self) -> dict[str, Any]:
-        """Stop sending, wait for the answers in flight (up to 3 s) and the workers' records."""
+        """Stop sending, wait for the answers in flight (up to DRAIN_S) and the records."""
         if self.summary is None:
             self.stop_path.write_text("stop")
             self.summary = self.pool.collect()
@@ -441,7 +488,6 @@ class Timeline:
             "margin_bytes": MARGIN_BYTES,
             "hog_leaves_bytes": HOG_LEAVES_BYTES,
             "args": ARGS,
-            "body": json.loads(BODY),
             "ray_actor_options": ACTOR_OPTIONS,
             "autoscaling_config": AUTOSCALING,
             "replica_gpus": self.replica_gpus,
@@ -630,30 +676,19 @@ def run_scenario(
     pool: OpenLoopPool | None = None
     deployed = False
     try:
-        body = work / "body.json"
-        body.write_text(BODY)
         cores = client_cores()
         log(f"open-loop client: {len(cores)} aiohttp processes on cores {cores}")
         pool = OpenLoopPool(cores, None, work)
-        timeline.extra["probe"] = probe = measure_one_replica(base_url, pool, body)
-        assert not probe["failed"], f"the probe's requests failed: {probe}"
-        try:
-            plan = plan_demand(
-                probe["one_replica_per_s"],
-                want_replicas=MAX_REPLICAS,
-                target_ongoing_requests=TARGET_ONGOING_REQUESTS,
-                downscale_threshold=DOWNSCALE_THRESHOLD,
-                factor=RATE_FACTOR,
-                min_factor=MIN_RATE_FACTOR,
-                max_rate_per_s=MAX_RATE_PER_S,
-                in_flight_s=IN_FLIGHT_S,
-                min_in_flight=MIN_IN_FLIGHT,
-                max_in_flight=MAX_IN_FLIGHT,
-            )
-        except DemandError as exc:
-            timeline.extra["load_design_error"] = str(exc)
-            pytest.fail(f"no open loop that needs {MAX_REPLICAS} replicas: {exc}")
-        timeline.extra["load_design"] = plan.as_dict()
+        probes, plan, body = probe_and_plan(base_url, pool, work)
+        timeline.extra["probes"] = probes
+        assert not probes[-1]["failed"], f"the probe's requests failed: {probes[-1]}"
+        if plan is None or body is None:
+            pytest.fail(f"no open loop that needs {MAX_REPLICAS} replicas fits: {probes}")
+        timeline.extra["probe"] = probes[-1]
+        timeline.extra["load_design"] = {
+            **plan.as_dict(),
+            "texts_per_request": probes[-1]["texts_per_request"],
+        }
         log(f"load design: {plan.reasoning}")
 
         deployed = True
@@ -760,7 +795,12 @@ def load_record(
     """The open loop's totals, its requests by phase, and what the client did while 4
     replicas ran (``sent``, ``ok`` and ``failed`` are what the assertions and the docs read)."""
     offset_s = float(summary["start_at_unix"]) - timeline.started_at_unix_s
-    arrays = load.pool.last_arrays
+    # each worker's clock starts when it is ready, start_late_s after the common start
+    arrays = []
+    for rows, result in zip(load.pool.last_arrays, load.pool.last_results, strict=True):
+        shifted = rows.copy()
+        shifted[0] += float(result.get("start_late_s", 0.0))
+        arrays.append(shifted)
     # the last phase lasts until the last request scheduled before the stop
     last_s = max((float(a[0].max()) + offset_s for a in arrays if a.shape[1]), default=end_s)
     phases = phase_counts(arrays, offset_s, timeline.phases, max(end_s, last_s + 1e-3))
@@ -839,6 +879,7 @@ def test_controller_sheds_on_memory_grab_and_scales_back(
     )
     grab = timeline.extra.get("grab") or {}
     load = timeline.extra["load"]
+    assert "error" not in load, f"the open loop's records are missing: {load}"
     under = timeline.extra.get("fewest_replicas_under_grab")
     reasons = Counter(str(s["controller_reason"]) for s in timeline.samples)
     log(
