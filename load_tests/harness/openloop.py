@@ -11,6 +11,9 @@ request; aiohttp on uvloop sends a few thousand requests/s per core, so 16 proce
 over 25,000 requests/s. The processes are started once (``OpenLoopPool``) and take one job per
 rate point on stdin, answering one JSON line on stdout (latencies go to a .npy file).
 
+A job may also run until told to stop (``stop_path``: the scenario of tests/gpu's controller
+test decides when), writing its running counts to ``progress_path`` a few times a second.
+
     python -m load_tests.harness.openloop     # a pool worker: JSON jobs in, JSON lines out
 """
 
@@ -49,6 +52,8 @@ _KIND_OF_CODE = {v: k for k, v in STATUS_CODES.items()}
 # The client keeps up when its sends are at most this late at p99 (and it drops none).
 MAX_SEND_LAG_P99_MS = 5.0
 MAX_CLIENT_CPU_FRAC = 0.95
+PROGRESS_EVERY_S = 0.25  # how often a job with a stop_path or progress_path looks and writes
+ERROR_SAMPLES = 5  # the first answers that were not 2xx, kept with their bodies
 
 
 def _ms_percentiles(seconds: np.ndarray) -> dict[str, float | None]:
@@ -155,6 +160,11 @@ async def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
     connector = aiohttp.TCPConnector(limit=job["connections"], limit_per_host=0)
     timeout = aiohttp.ClientTimeout(total=job["timeout_s"])
     pending: set[asyncio.Task[None]] = set()
+    stop_path, progress_path = job.get("stop_path"), job.get("progress_path")
+    # sent, dropped, 2xx, not 2xx (transport errors included): for progress_path
+    counts = [0, 0, 0, 0]
+    error_samples: list[str] = []
+    stopped_at_s: float | None = None
     delay_s = job["start_at_unix"] - time.time()
     if delay_s > 0:
         await asyncio.sleep(delay_s)
@@ -176,23 +186,38 @@ async def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
                 async with session.request(
                     job["method"], job["url"], data=body, headers=job["headers"]
                 ) as resp:
-                    await resp.read()
+                    answer = await resp.read()
                     status[i] = resp.status
+                    if not 200 <= resp.status < 300 and len(error_samples) < ERROR_SAMPLES:
+                        error_samples.append(f"{resp.status}: {answer[:300]!r}")
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 status[i] = _error_code(exc)
+                if len(error_samples) < ERROR_SAMPLES:
+                    error_samples.append(f"{type(exc).__name__}: {str(exc)[:300]}")
             latency[i] = clock() - due
+            counts[2 if 200 <= status[i] < 300 else 3] += 1
 
         i = 0
+        next_look_s = 0.0
         while i < n:
             now = clock() - t0
             while i < n and times[i] <= now:
                 if len(pending) >= job["max_in_flight"]:
                     status[i] = STATUS_CODES["dropped"]
+                    counts[1] += 1
                 else:
                     task = loop.create_task(send(i))
                     pending.add(task)
                     task.add_done_callback(pending.discard)
+                    counts[0] += 1
                 i += 1
+            if (stop_path or progress_path) and now >= next_look_s:
+                next_look_s = now + PROGRESS_EVERY_S
+                if progress_path:
+                    _write_progress(progress_path, now, i, counts, len(pending))
+                if stop_path and os.path.exists(stop_path):
+                    stopped_at_s, n = now, i  # nothing after this was due: record none of it
+                    break
             if i < n:
                 # Timers tick in milliseconds: wait at least one tick (sends due meanwhile go
                 # out together, their lateness counted in their latency) rather than spin.
@@ -205,14 +230,43 @@ async def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
             await asyncio.wait(set(pending), timeout=2.0)
     wall_s = clock() - t0
     cpu_s = time.process_time() - cpu0
-    np.save(job["latency_path"], np.stack([times, latency, lag, status.astype(np.float64)]))
+    if progress_path:
+        _write_progress(progress_path, wall_s, n, counts, 0)
+    rows = [times[:n], latency[:n], lag[:n], status[:n].astype(np.float64)]
+    np.save(job["latency_path"], np.stack(rows))
     return {
         "pid": os.getpid(),
         "scheduled": n,
         "cpu_frac": cpu_s / wall_s if wall_s > 0 else 0.0,
         "start_late_s": start_late_s,
+        "stopped_at_s": stopped_at_s,
+        "error_samples": error_samples,
         "latency_path": job["latency_path"],
     }
+
+
+def _write_progress(path: str, t_s: float, due: int, counts: Sequence[int], in_flight: int) -> None:
+    """The job's running counts, replaced whole (a reader never sees half a file)."""
+    sent, dropped, ok, failed = counts
+    doc = {"t_s": round(t_s, 3), "due": due, "sent": sent, "dropped": dropped}
+    doc.update(ok=ok, failed=failed, in_flight=in_flight)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f)
+    os.replace(tmp, path)
+
+
+def read_progress(paths: Sequence[Path]) -> dict[str, int]:
+    """The workers' progress files summed (a file not written yet counts as zeros)."""
+    total = dict.fromkeys(("due", "sent", "dropped", "ok", "failed", "in_flight"), 0)
+    for path in paths:
+        try:
+            doc = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            continue
+        for key in total:
+            total[key] += int(doc.get(key, 0))
+    return total
 
 
 def _run(coro: Any) -> Any:
@@ -253,6 +307,9 @@ class OpenLoopPool:
         self.cores = list(cores)[: procs or len(cores)]
         self._io = ThreadPoolExecutor(max_workers=len(self.cores))
         self.procs: list[subprocess.Popen[str]] = []
+        self._job: dict[str, Any] = {}
+        self.last_arrays: list[np.ndarray] = []
+        self.last_results: list[dict[str, Any]] = []
         path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
         for core in self.cores:
             self.procs.append(
@@ -293,12 +350,54 @@ class OpenLoopPool:
         poisson: bool = True,
         timeout_s: float = 5.0,
         max_in_flight: int = 4096,
+        drain_s: float | None = None,
     ) -> dict[str, Any]:
         """Offer ``rate_per_s`` in all (split evenly: a sum of Poisson processes is Poisson)
-        for warmup_s + duration_s; returns summarise_openloop of the measured window."""
+        for warmup_s + duration_s; returns summarise_openloop of the measured window.
+        ``max_in_flight`` is per worker process; ``drain_s`` (default min(timeout_s, 3)) is how
+        long the answers still due after the schedule may take before they count as timeouts."""
+        self.submit(
+            url,
+            headers,
+            body_path,
+            rate_per_s=rate_per_s,
+            duration_s=duration_s,
+            warmup_s=warmup_s,
+            connections=connections,
+            seed=seed,
+            poisson=poisson,
+            timeout_s=timeout_s,
+            max_in_flight=max_in_flight,
+            drain_s=drain_s,
+        )
+        return self.collect()
+
+    def submit(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        body_path: Path,
+        *,
+        rate_per_s: float,
+        duration_s: float,
+        warmup_s: float,
+        connections: int,
+        seed: int = 0,
+        poisson: bool = True,
+        timeout_s: float = 5.0,
+        max_in_flight: int = 4096,
+        stop_path: Path | None = None,
+        drain_s: float | None = None,
+    ) -> list[Path]:
+        """Start a job on every worker without waiting (``collect`` waits); returns the
+        workers' progress files (see ``read_progress``). With ``stop_path``, the workers stop
+        sending once that file exists (at most PROGRESS_EVERY_S later), drain and answer."""
         n = len(self.procs)
-        drain_s = min(timeout_s, 3.0)
+        drain_s = min(timeout_s, 3.0) if drain_s is None else drain_s
         start_at = time.time() + 0.3
+        progress = [self.work_dir / f"openloop-{k}.progress.json" for k in range(n)]
+        for path in progress:
+            path.unlink(missing_ok=True)
         for k, proc in enumerate(self.procs):
             job = {
                 "url": url,
@@ -316,19 +415,50 @@ class OpenLoopPool:
                 "drain_s": drain_s,
                 "start_at_unix": start_at,
                 "latency_path": str(self.work_dir / f"openloop-{k}.npy"),
+                "progress_path": str(progress[k]),
+                "stop_path": None if stop_path is None else str(stop_path),
             }
             if proc.stdin is None or proc.poll() is not None:
                 raise RuntimeError(f"open-loop worker {proc.pid} has exited ({proc.returncode})")
             proc.stdin.write(json.dumps(job) + "\n")
             proc.stdin.flush()
-        lines = self._read_lines(warmup_s + duration_s + drain_s + 30.0)
+        self._job = {
+            "rate_per_s": rate_per_s,
+            "duration_s": duration_s,
+            "warmup_s": warmup_s,
+            "connections": connections,
+            "poisson": poisson,
+            "drain_s": drain_s,
+            "start_at_unix": start_at,
+        }
+        return progress
+
+    def collect(self) -> dict[str, Any]:
+        """Wait for the submitted job's answers; returns summarise_openloop of its measured
+        window (cut short where a stop_path stopped it), and keeps every worker's records in
+        ``last_arrays`` and answers in ``last_results``."""
+        job = self._job
+        total_s = job["warmup_s"] + job["duration_s"]
+        lines = self._read_lines(total_s + job["drain_s"] + 30.0)
         results = [json.loads(line) for line in lines]
         failed = [r["error"] for r in results if "error" in r]
         if failed:
             raise RuntimeError(f"open-loop worker failed: {failed[0]}")
         arrays = [np.load(r["latency_path"]) for r in results]
-        summary = summarise_openloop(arrays, results, rate_per_s, duration_s, warmup_s)
-        summary.update(connections=connections, procs=n, poisson=poisson)
+        self.last_arrays, self.last_results = arrays, results
+        stops = [r["stopped_at_s"] for r in results if r.get("stopped_at_s") is not None]
+        duration_s = job["duration_s"]
+        if stops:
+            duration_s = max(0.0, min(duration_s, max(stops) - job["warmup_s"]))
+        summary = summarise_openloop(
+            arrays, results, job["rate_per_s"], duration_s, job["warmup_s"]
+        )
+        summary.update(
+            connections=job["connections"],
+            procs=len(self.procs),
+            poisson=job["poisson"],
+            start_at_unix=job["start_at_unix"],
+        )
         return summary
 
     def close(self) -> None:

@@ -1,11 +1,24 @@
-"""load_tests.harness.openloop: the summary of the open-loop workers' records of one rate point."""
+"""load_tests.harness.openloop: the summary of the open-loop workers' records of one rate point,
+and a job that runs until told to stop (against a local HTTP server)."""
 
 from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from load_tests.harness.openloop import STATUS_CODES, summarise_openloop
+from load_tests.harness.openloop import (
+    STATUS_CODES,
+    OpenLoopPool,
+    read_progress,
+    summarise_openloop,
+)
 
 
 def _worker_array(times: list[float], lat: list[float], status: list[int]) -> np.ndarray:
@@ -49,3 +62,89 @@ def test_summarise_openloop_keeps_up_judges_lag_and_cpu() -> None:
     late = a.copy()
     late[2] = [0.001, 0.050]  # sent 50 ms late
     assert summarise_openloop([late], [{}], 10.0, 1.0, 0.0)["client_keeps_up"] is False
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """200 on /ok, 503 with a body elsewhere; keeps connections alive as HAProxy does."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        code, body = (200, b"{}") if self.path == "/ok" else (503, b"overloaded, retry")
+        self.send_response(code)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture()
+def server() -> Iterator[str]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_job_runs_until_told_to_stop_and_reports_progress(server: str, tmp_path: Path) -> None:
+    """The controller GPU test's use: a long schedule, live counts, a stop file."""
+    body = tmp_path / "body.json"
+    body.write_text("{}")
+    pool = OpenLoopPool(sorted(os.sched_getaffinity(0))[:1], 1, tmp_path)
+    try:
+        stop = tmp_path / "stop"
+        progress = pool.submit(
+            f"{server}/ok",
+            {},
+            body,
+            rate_per_s=200.0,
+            duration_s=60.0,
+            warmup_s=0.0,
+            connections=8,
+            timeout_s=5.0,
+            max_in_flight=64,
+            stop_path=stop,
+        )
+        deadline = time.monotonic() + 10.0
+        while read_progress(progress)["ok"] < 40 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert read_progress(progress)["ok"] >= 40, read_progress(progress)
+        stop.write_text("stop")
+        started = time.monotonic()
+        summary = pool.collect()
+        assert time.monotonic() - started < 10.0  # not the 60 s schedule
+        result = pool.last_results[0]
+        assert result["stopped_at_s"] is not None and result["stopped_at_s"] < 15.0
+        rows = pool.last_arrays[0]
+        assert rows.shape[0] == 4 and 40 <= rows.shape[1] < 200 * 15  # cut at the stop
+        final = read_progress(progress)
+        assert final["sent"] == final["ok"] == rows.shape[1] and final["in_flight"] == 0
+        assert final["failed"] == 0 and final["dropped"] == 0
+        assert summary["errors"] == 0 and summary["duration_s"] < 15.0
+        assert summary["start_at_unix"] > 0
+
+        pool.submit(
+            f"{server}/busy",
+            {},
+            body,
+            rate_per_s=50.0,
+            duration_s=0.5,
+            warmup_s=0.0,
+            connections=4,
+            timeout_s=5.0,
+            max_in_flight=16,
+        )
+        summary = pool.collect()
+        samples = pool.last_results[0]["error_samples"]
+        assert summary["error_counts"].get("status", 0) >= 5
+        assert len(samples) == 5 and all(s.startswith("503: ") for s in samples), samples
+        assert "overloaded" in samples[0]
+    finally:
+        pool.close()
