@@ -227,3 +227,41 @@ def test_a_user_models_escape_is_reported_under_torch_and_refused_under_mps(
         assert grab["refused"] is True, grab
         assert result["escape_seen_after_s"] is None
     assert result["cli_exit"] == 0
+
+
+def test_a_user_models_opt_in_graphs_replay_what_predict_computes() -> None:
+    """``cuda_graphs: true`` on a class with collate and forward (user_models.Graphed, a tiny
+    linear layer): graphs of each batch bucket, replayed for batches that fit one, with the
+    outputs predict gives eagerly; a batch past the largest bucket runs predict."""
+    import numpy as np
+    import torch
+
+    from serve_app import adapters
+    from serve_app.adapters.custom import UserModelBackend
+    from serve_app.config.args import parse_args
+    from serve_app.gpu.graphs import GraphMemory
+    from serve_app.gpu.snapshot import DeviceMemory
+
+    device = torch.device("cuda", 0)
+    args = parse_args(
+        {"adapter": "tests.unit.adapters.custom.user_models:Graphed", "cuda_graphs": True}
+    )
+    assert args.cuda_graphs is True
+    backend = adapters.build_model(args).backend
+    assert isinstance(backend, UserModelBackend)
+    backend.setup(device)
+    graphs = backend.capture_graphs(16, None, GraphMemory(DeviceMemory(device)))
+    assert len(graphs) == 6 and not graphs.skipped  # 1, 2, 4, 8, 12, 16
+    rng = np.random.default_rng(0)
+    got: dict[str, Any] = {}
+    for n in (1, 3, 16, 5, 17):
+        items = rng.standard_normal((n, 8)).round(3).tolist()
+        before = graphs.replays
+        graphed = backend.predict(items)
+        assert graphs.replays == before + (1 if n <= 16 else 0), n
+        saved, backend.graphs = backend.graphs, None
+        eager = backend.predict(items)
+        backend.graphs = saved
+        np.testing.assert_allclose(np.stack(graphed), np.stack(eager), rtol=1e-5, atol=1e-6)
+        got[str(n)] = {"replayed": n <= 16}
+    RESULTS["graphs"] = {"captured": len(graphs), "batches": got, **graphs.describe()}

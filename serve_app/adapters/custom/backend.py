@@ -7,6 +7,11 @@ class; ``predict`` that returns the wrong number of outputs, or raises, fails it
 a 500 whose message names the class and carries an error id (the log has the rest); a torch
 out-of-memory error and a sticky CUDA error pass through untouched, so the OOM split and the
 poisoned-context exit see them as they see our own.
+
+CUDA graphs are opt-in (``cuda_graphs: true``) for a class that splits its predict into
+``collate(batch) -> Tensor`` (first dimension the batch) and ``forward(x) -> Tensor`` (the device
+part, rows independent): batches whose size and shape have a graph replay it, and the rest run
+the user's ``predict``. Start-up checks both paths give the same outputs on its example inputs.
 """
 
 from __future__ import annotations
@@ -24,13 +29,23 @@ from serve_app.adapters.contract import pow2_sizes
 from serve_app.adapters.custom.loader import UserClass
 from serve_app.config.args import AppArgs
 from serve_app.errors import BadRequest, InferenceError, StartupError
-from serve_app.gpu.graphs import GraphCaptureError, GraphMemory, GraphSet
+from serve_app.gpu.graphs import (
+    GraphCaptureError,
+    GraphMemory,
+    GraphSet,
+    bucket_for,
+    graph_batch_sizes,
+)
 from serve_app.gpu.snapshot import is_torch_oom
 from serve_app.serving.poison import sticky_cuda_error
 
 logger = logging.getLogger("serve_app")
 # A user's decode_request that raises one of these rejected the input: HTTP 400 naming it.
 BAD_INPUT_ERRORS = (ValueError, TypeError, KeyError, IndexError)
+# What a user model needs for CUDA graphs, on top of predict.
+GRAPH_METHODS = ("collate", "forward", "example_inputs")
+# How close forward(collate(batch)) must come to predict(batch) at start-up (float16 models).
+GRAPH_MATCH_RTOL, GRAPH_MATCH_ATOL = 1e-2, 1e-3
 
 
 class UserModelError(InferenceError):
@@ -75,6 +90,7 @@ class UserModelBackend:
         self.dim = 0  # an embedding-shaped output's length once one was seen (wire: embeddings)
         self.device = torch.device("cpu")
         self.setup_s: float | None = None
+        self._graph_sizes: list[int] = []
 
     def setup(self, device: torch.device) -> None:
         t0 = time.perf_counter()
@@ -112,7 +128,9 @@ class UserModelBackend:
         batch = list(items)
         try:
             with torch.inference_mode():
-                outputs = self.model.predict(batch)
+                outputs = self._graphed(batch) if self.graphs is not None else None
+                if outputs is None:
+                    outputs = self.model.predict(batch)
         except Exception as exc:
             if is_torch_oom(exc) or sticky_cuda_error(exc):
                 raise  # the OOM split (serving/oom) and the poisoned-context exit handle these
@@ -121,9 +139,36 @@ class UserModelBackend:
             raise err from None
         return self._outputs(outputs, len(batch))
 
+    def _graphed(self, batch: list[Any]) -> list[Any] | None:
+        """The batch through its CUDA graph (rows of ``forward``), or None when its size and
+        shape have none yet (it is then captured next, between batches)."""
+        assert self.graphs is not None
+        x = self.model.collate(batch)
+        rows = bucket_for(len(batch), self._graph_sizes)
+        key = (rows, tuple(x.shape[1:]))
+        if rows is None or not self.graphs.has(key):
+            if rows is not None:
+                self.graphs.want(key)
+            return None
+        (out,) = self.graphs.run(key, (x,))
+        return list(out)
+
+    def _forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (self.model.forward(x),)
+
     def _outputs(self, outputs: Any, n: int) -> list[Any]:
+        """The batch's outputs as the wire spec takes them: counted, made plain, through the
+        user's ``encode_response`` and the spec's shape check."""
+        done = self._rows(outputs, n)
+        if "encode_response" in self.user.has:
+            done = [plain(self.model.encode_response(o)) for o in done]
+        return [self.output_check(o) for o in done]
+
+    def _rows(self, outputs: Any, n: int) -> list[Any]:
+        """``predict``'s outputs, one per input (a tensor or an array counts by its rows),
+        made plain (``plain``); a UserModelError naming the class when they are not."""
         if isinstance(outputs, torch.Tensor | np.ndarray) and outputs.ndim >= 1:
-            outputs = list(outputs)  # one row per input
+            outputs = list(outputs)
         if not isinstance(outputs, list | tuple) or len(outputs) != n:
             got = (
                 f"{len(outputs)} outputs"
@@ -136,10 +181,7 @@ class UserModelBackend:
             )
             logger.error("user model broke its contract (error id %s): %s", err.error_id, err)
             raise err
-        done = [plain(o) for o in outputs]
-        if "encode_response" in self.user.has:
-            done = [plain(self.model.encode_response(o)) for o in done]
-        return [self.output_check(o) for o in done]
+        return [plain(o) for o in outputs]
 
     def worst_case_items(self, n: int) -> list[Any]:
         """The user's ``example_inputs(n)``, prepared; [] without it (``calibrates`` is then
@@ -164,10 +206,53 @@ class UserModelBackend:
     def capture_graphs(
         self, max_batch_size: int, budget_s: float | None, memory: GraphMemory
     ) -> GraphSet:
-        raise GraphCaptureError(
-            f"{self.user.path}: a user model's predict takes and returns Python lists, which a "
-            "CUDA graph cannot hold"
-        )
+        """Graphs of ``forward`` for each batch bucket up to ``max_batch_size``, on the example
+        inputs' shape, once ``forward(collate(batch))`` is seen to give ``predict(batch)``.
+
+        Raises:
+            GraphCaptureError: the class lacks a method graphs need, or the two paths differ.
+        """
+        missing = [m for m in GRAPH_METHODS if m not in self.user.has]
+        if missing:
+            raise GraphCaptureError(
+                f"{self.user.path} has no {', '.join(missing)}: a user model's graphs capture "
+                "forward(collate(batch)) on its example inputs (docs/custom-models.md)"
+            )
+        self._check_forward_matches_predict()
+        sizes = graph_batch_sizes(max_batch_size)
+        graphs = GraphSet(self._forward, memory)
+        examples = []
+        for b in sizes:
+            x = self.model.collate(self.worst_case_items(b)).to(self.device)
+            examples.append(((b, tuple(x.shape[1:])), (x,)))
+        self.graphs, self._graph_sizes = graphs, sizes
+        graphs.capture_all(examples, budget_s)
+        return graphs
+
+    def _check_forward_matches_predict(self) -> None:
+        items = self.worst_case_items(2)
+        with torch.inference_mode():
+            eager = self._rows(self.model.predict(items), 2)
+            x = self.model.collate(items).to(self.device)
+            split = self._rows(self.model.forward(x), 2)
+        try:
+            same = all(
+                np.allclose(
+                    np.asarray(e, dtype=np.float64),
+                    np.asarray(s, dtype=np.float64),
+                    rtol=GRAPH_MATCH_RTOL,
+                    atol=GRAPH_MATCH_ATOL,
+                )
+                for e, s in zip(eager, split, strict=True)
+            )
+        except (TypeError, ValueError):
+            same = False
+        if not same:
+            raise GraphCaptureError(
+                f"{self.user.path}: forward(collate(batch)) does not give predict(batch) on its "
+                f"example inputs ({split[0]!r} against {eager[0]!r}); make forward return one "
+                "row per input that is that input's output"
+            )
 
     def describe(self) -> dict[str, Any]:
         return {

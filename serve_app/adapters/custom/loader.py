@@ -19,6 +19,8 @@ OPTIONAL = {
     "example_inputs": "example_inputs(self, n) -> list",
     "decode_request": "decode_request(self, input) -> item",
     "encode_response": "encode_response(self, output) -> JSON value",
+    "collate": "collate(self, batch) -> torch.Tensor",
+    "forward": "forward(self, x) -> torch.Tensor",
 }
 """The methods serve_app calls when a user model has them, and their one argument."""
 DOCS = "see docs/custom-models.md"

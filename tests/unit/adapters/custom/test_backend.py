@@ -152,15 +152,26 @@ def test_a_model_with_example_inputs_needs_no_max_batch_size() -> None:
     check_batch_cap_source(args, backend_of("WithExamples"), GPU)  # type: ignore[arg-type]
 
 
-def test_graphs_are_refused_with_the_way_out() -> None:
-    from serve_app.gpu.graphs import GraphCaptureError
-
-    with pytest.raises(GraphCaptureError) as info:
-        backend_of("Doubler").capture_graphs(8, None, None)  # type: ignore[arg-type]
-    assert "Doubler" in str(info.value)
-
-
 def test_the_calibration_cache_key_changes_with_the_models_source() -> None:
     described = backend_of("Doubler").describe()
     assert described["arch"].startswith(f"{HERE}:Doubler@")
     assert described["adapter"] == f"{HERE}:Doubler" and described["owned_by"] == "user"
+
+
+def test_graphs_need_collate_forward_and_example_inputs() -> None:
+    from serve_app.gpu.graphs import GraphCaptureError
+
+    with pytest.raises(GraphCaptureError) as info:
+        backend_of("WithExamples").capture_graphs(8, None, None)  # type: ignore[arg-type]
+    assert f"{HERE}:WithExamples has no collate, forward" in str(info.value)
+
+
+def test_graphs_are_refused_when_forward_is_not_predict() -> None:
+    from serve_app.gpu.graphs import GraphCaptureError
+
+    with pytest.raises(GraphCaptureError) as info:
+        backend_of("GraphedWrong").capture_graphs(8, None, None)  # type: ignore[arg-type]
+    assert "forward(collate(batch)) does not give predict(batch)" in str(info.value)
+    # A class whose two paths agree passes the check (the capture itself needs a GPU:
+    # tests/gpu/test_custom_model_gpu.py).
+    backend_of("Graphed")._check_forward_matches_predict()

@@ -114,3 +114,27 @@ class PredictTakesTwo(Doubler):
 
 
 NOT_A_CLASS = 42
+
+
+class Graphed(WithExamples):
+    """WithExamples split for CUDA graphs: collate (the host part) and forward (the device
+    part); predict is the two together."""
+
+    def collate(self, batch: list[Any]) -> torch.Tensor:
+        return torch.tensor(batch, dtype=torch.float32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        return list(self.forward(self.collate(batch).to(self.device)))
+
+
+class GraphedWrong(Graphed):
+    """A forward that is not predict's: graphs would change the answers."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x) + 1.0
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        return list(self.layer(self.collate(batch)))
