@@ -62,3 +62,12 @@ def test_a_method_serve_app_cannot_call_with_one_argument_is_named() -> None:
         instantiate(load_class(f"{HERE}:PredictTakesTwo"), {})
     assert "PredictTakesTwo.predict cannot be called with one argument" in info.value.message
     assert "predict(self, batch) -> list" in info.value.message
+
+
+def test_the_application_build_checks_the_class_before_any_replica_starts() -> None:
+    from serve_app.app import build_app
+
+    with pytest.raises(ConfigError) as info:
+        build_app({"adapter": f"{HERE}:NoPredict"})
+    assert "NoPredict lacks predict" in info.value.message
+    assert build_app({"adapter": f"{HERE}:Doubler"}) is not None
