@@ -8,6 +8,9 @@ MAX_CHARS = 2000
 class ByteScorer:
     """One score per text, from its bytes' frequencies through a small MLP (seeded weights)."""
 
+    input_schema = {"type": "string", "maxLength": MAX_CHARS}  # for the OpenAPI document
+    output_schema = {"type": "number"}
+
     def __init__(self, seed: int = 0, hidden: int = 64):
         self.seed, self.hidden = seed, hidden
 

@@ -1,6 +1,7 @@
 """examples/custom_model served as the README says, `serve-app run` from the repository root: a
 subprocess on a real local Ray (CPU), requests through HTTP checked against the model's own
-output computed here, the generic route's errors and OpenAPI entry, then SIGINT and exit 0."""
+output computed here, the generic route's errors and OpenAPI entry, schemathesis against that
+document (every check, fewer examples than test_schemathesis.py's), then SIGINT and exit 0."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ import yaml
 from examples.custom_model.model import MAX_CHARS, ByteScorer
 from serve_app.ops.ports import free_port, haproxy_side_ports
 from tests.helpers import wait_http
+from tests.integration.test_schemathesis import schemathesis
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "custom_model" / "config.yaml"
 TEXTS = ["hello", "a longer text, with punctuation and digits 123", "", "\u00e9t\u00e9"]
+FUZZ_EXAMPLES = 150
 
 
 def expected(texts: list[str]) -> list[float]:
@@ -88,6 +91,13 @@ def test_serve_app_run_serves_the_example_user_model(tmp_path: Path) -> None:
             (report,) = client.get("/v1/memory").json()["replicas"]
             assert report["app"] == "ByteScorer" and report["batches"] >= 2, report
             assert report["model"]["user_model"] == card["adapter"]
+        fuzz = tmp_path / "schemathesis"
+        fuzz.mkdir()
+        done, statuses = schemathesis(url, fuzz, FUZZ_EXAMPLES)
+        assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+        assert {k: n for k, n in statuses.items() if k[1] >= 500 or k[1] == 0} == {}
+        posts = {code: n for (label, code), n in statuses.items() if label == "POST /v1/predict"}
+        assert posts.get(200, 0) >= 20 and posts.get(400, 0) >= 20, posts
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
     finally:

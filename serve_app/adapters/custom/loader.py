@@ -23,6 +23,9 @@ OPTIONAL = {
     "forward": "forward(self, x) -> torch.Tensor",
 }
 """The methods serve_app calls when a user model has them, and their one argument."""
+SCHEMAS = ("input_schema", "output_schema")
+"""Optional class attributes: the JSON schema of one input and of one output, which the generic
+JSON spec's OpenAPI document shows (any JSON value without them)."""
 DOCS = "see docs/custom-models.md"
 IMPORTABLE = (
     "make it importable on every Ray worker: install its package in the environment Ray runs, "
@@ -41,12 +44,16 @@ class UserClass:
         has: the optional methods (``OPTIONAL``) it defines.
         source_digest: 12 hex digits of a SHA-256 of its module's source, or of the path when
             the source cannot be read (so that the calibration cache sees a changed model).
+        input_schema: the class's ``input_schema`` (a JSON schema), or None.
+        output_schema: the class's ``output_schema`` (a JSON schema), or None.
     """
 
     path: str
     cls: type
     has: frozenset[str]
     source_digest: str
+    input_schema: dict[str, Any] | None = None
+    output_schema: dict[str, Any] | None = None
 
 
 def load_class(path: str) -> UserClass:
@@ -81,7 +88,14 @@ def load_class(path: str) -> UserClass:
             f"args.adapter: {path} lacks {' and '.join(missing)}; a user model needs both ({DOCS})"
         )
     has = frozenset(n for n in OPTIONAL if callable(getattr(cls, n, None)))
-    return UserClass(path, cls, has, _digest(module, path))
+    schemas = [getattr(cls, name, None) for name in SCHEMAS]
+    for name, schema in zip(SCHEMAS, schemas, strict=True):
+        if schema is not None and not isinstance(schema, dict):
+            raise ConfigError(
+                f"args.adapter: {path}.{name} is a {type(schema).__name__}; make it a dict, "
+                f"the JSON schema of one {name.split('_')[0]} ({DOCS})"
+            )
+    return UserClass(path, cls, has, _digest(module, path), *schemas)
 
 
 def _digest(module: Any, path: str) -> str:

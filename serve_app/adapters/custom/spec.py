@@ -1,7 +1,8 @@
 """The generic JSON wire spec of a user model: ``POST /v1/predict``, ``{"inputs": [...]}`` in,
 ``{"outputs": [...]}`` out, one output per input, in order. An input is any JSON value (the
 user's ``decode_request`` may check it); an output is what the user's ``predict`` returned for
-it (tensors as nested lists, or through its ``encode_response``)."""
+it (tensors as nested lists, or through its ``encode_response``). A class's ``input_schema``
+and ``output_schema`` (JSON schemas of one of each) narrow the OpenAPI document."""
 
 from __future__ import annotations
 
@@ -42,8 +43,15 @@ class JsonSpec:
     route = ROUTE
     decode_inline = True  # orjson and a length check; the user's decode_request is prepare's
 
-    def __init__(self, args: AppArgs):
+    def __init__(
+        self,
+        args: AppArgs,
+        input_schema: dict[str, Any] | None = None,
+        output_schema: dict[str, Any] | None = None,
+    ):
         self.args = args
+        self.input_schema = input_schema
+        self.output_schema = output_schema
 
     def decode(self, body: bytes, content_type: str, query: Mapping[str, str]) -> Decoded:
         doc = parse_json_object(body)
@@ -84,4 +92,9 @@ class JsonSpec:
             {"type": "null"},
         ]
         props["inputs"].update({"minItems": 1, "maxItems": self.args.max_inputs_per_request})
+        if self.input_schema is not None:  # the class's own (docs/custom-models.md)
+            props["inputs"]["items"] = self.input_schema
+        if self.output_schema is not None:
+            response = op.schemas[PredictResponse.__name__]["properties"]
+            response["outputs"]["items"] = self.output_schema
         return op

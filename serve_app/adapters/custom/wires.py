@@ -35,7 +35,7 @@ class Wire:
 def _json(args: AppArgs, backend: UserModelBackend) -> WireSpec:
     from serve_app.adapters.custom.spec import JsonSpec
 
-    return JsonSpec(args)
+    return JsonSpec(args, backend.user.input_schema, backend.user.output_schema)
 
 
 def _embeddings(args: AppArgs, backend: UserModelBackend) -> WireSpec:

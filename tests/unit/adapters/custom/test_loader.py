@@ -27,6 +27,7 @@ def test_a_class_with_setup_and_predict_loads_with_its_optional_methods() -> Non
         (f"{HERE}:Missing", ["args.adapter", "has no attribute 'Missing'", "after the colon"]),
         (f"{HERE}:NOT_A_CLASS", ["args.adapter", "has a int, not a class"]),
         (f"{HERE}:NoPredict", ["args.adapter", "NoPredict lacks predict(self, batch) -> list"]),
+        (f"{HERE}:SchemaNotADict", ["args.adapter", "input_schema is a str; make it a dict"]),
     ],
 )
 def test_what_cannot_be_loaded_is_a_config_error_naming_it(path: str, names: list[str]) -> None:

@@ -78,3 +78,18 @@ def test_wire_embeddings_refuses_outputs_of_different_lengths() -> None:
     with pytest.raises(UserModelError) as info:
         model.backend.predict(["a", "abc"])
     assert "Ragged.predict returned an output of shape (4,)" in info.value.message
+
+
+def test_a_classs_own_schemas_narrow_the_openapi_document() -> None:
+    op = model_of("Decoding").spec.openapi(1024)
+    inputs = op.schemas["PredictRequest"]["properties"]["inputs"]
+    assert inputs["items"] == {"type": "string", "pattern": "^[0-9]{8}$"}
+    outputs = op.schemas["PredictResponse"]["properties"]["outputs"]
+    assert outputs["items"]["properties"] == {"sum": {"type": "number"}}
+    # Without them, any JSON value.
+    assert (
+        model_of("Doubler")
+        .spec.openapi(1024)
+        .schemas["PredictRequest"]["properties"]["inputs"]["items"]
+        == {}
+    )

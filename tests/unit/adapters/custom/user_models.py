@@ -39,6 +39,9 @@ class WithExamples(Doubler):
 class Decoding(Doubler):
     """Doubler whose inputs are texts of digits, checked and decoded by the user's code."""
 
+    input_schema = {"type": "string", "pattern": f"^[0-9]{{{WIDTH}}}$"}
+    output_schema = {"type": "object", "properties": {"sum": {"type": "number"}}}
+
     def decode_request(self, text: Any) -> list[float]:
         if not isinstance(text, str) or len(text) != WIDTH or not text.isdigit():
             raise ValueError(f"each input must be {WIDTH} digits")
@@ -111,6 +114,10 @@ class NoPredict:
 class PredictTakesTwo(Doubler):
     def predict(self, batch: list[Any], extra: int) -> list[Any]:  # type: ignore[override]
         return []
+
+
+class SchemaNotADict(Doubler):
+    input_schema = "string"
 
 
 NOT_A_CLASS = 42
