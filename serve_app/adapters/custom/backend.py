@@ -195,7 +195,13 @@ class UserModelBackend:
                 f"{self.user.path}.example_inputs({n}) returned {got}; it must return a list "
                 f"of {n} inputs, each the largest a request may carry"
             )
-        return self.prepare(raw)
+        try:
+            return self.prepare(raw)
+        except BadRequest as exc:
+            raise StartupError(
+                f"{self.user.path}.example_inputs({n}) gave an input its decode_request "
+                f"rejects ({exc.message}); return inputs as a request carries them"
+            ) from None
 
     def warmup_batches(self, max_batch_size: int) -> list[list[Any]]:
         """Batches of the example inputs, of each power-of-two size: the only shapes known."""

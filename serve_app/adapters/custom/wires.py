@@ -5,6 +5,7 @@ backend, and names the request field its inputs come from (for the 400s of ``dec
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,8 @@ import numpy as np
 from serve_app.adapters.contract import Decoded, WireSpec
 from serve_app.adapters.custom.backend import UserModelBackend, UserModelError
 from serve_app.config.args import AppArgs
+
+logger = logging.getLogger("serve_app")
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ def _vectors(backend: UserModelBackend) -> Callable[[Any], Any]:
                 f"wire: embeddings; each output must be a vector of one length"
                 + (f" ({backend.dim})" if backend.dim else "")
             )
+            logger.error("user model broke its contract (error id %s): %s", err.error_id, err)
             raise err
         backend.dim = backend.dim or int(vec.shape[0])
         return vec

@@ -175,3 +175,11 @@ def test_graphs_are_refused_when_forward_is_not_predict() -> None:
     # A class whose two paths agree passes the check (the capture itself needs a GPU:
     # tests/gpu/test_custom_model_gpu.py).
     backend_of("Graphed")._check_forward_matches_predict()
+
+
+def test_example_inputs_that_decode_request_rejects_fail_start_up_naming_them() -> None:
+    backend = backend_of("BadExamples")
+    with pytest.raises(StartupError) as info:
+        backend.worst_case_items(2)
+    assert f"{HERE}:BadExamples.example_inputs(2) gave an input" in info.value.message
+    assert "8 digits" in info.value.message

@@ -145,3 +145,10 @@ class GraphedWrong(Graphed):
 
     def predict(self, batch: list[Any]) -> list[Any]:
         return list(self.layer(self.collate(batch)))
+
+
+class BadExamples(Decoding):
+    """Its example inputs are not what its decode_request takes."""
+
+    def example_inputs(self, n: int) -> list[Any]:
+        return [[1.0] * WIDTH for _ in range(n)]
