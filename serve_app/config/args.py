@@ -6,9 +6,17 @@ validated here. Errors name the field path, quote the bad value and say the fix.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from serve_app.errors import ConfigError
 
@@ -18,6 +26,16 @@ Enforcement = Literal["torch", "mps", "both"]
 MPS_VARS = ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
 IMPORT_PATH = "serve_app.app:build_app"
 DEFAULT_DEPLOYMENT_NAME = "model"
+# A user model's class by import path (docs/custom-models.md): dotted module, a colon, a class.
+IMPORT_PATH_SHAPE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+# A user model's wire spec by name: json (the generic POST /v1/predict) or a built-in family's.
+# Each has an entry in serve_app.adapters.custom.wires.WIRES (a unit test checks they agree).
+WireName = Literal["json", "embeddings"]
+
+
+def is_import_path(adapter: str) -> bool:
+    """Whether ``args.adapter`` names a user model's class (``module:Class``), not a family."""
+    return IMPORT_PATH_SHAPE.match(adapter) is not None
 
 
 class MemoryArgs(BaseModel):
@@ -87,7 +105,20 @@ class AppArgs(BaseModel):
 
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
-    adapter: AdapterKind = Field(default="embeddings", description="Model family.")
+    adapter: str = Field(
+        default="embeddings",
+        description="Model family, or a user model's class by import path (module:Class, "
+        "e.g. mypkg.models:MyModel; see docs/custom-models.md).",
+    )
+    wire: WireName | None = Field(
+        default=None,
+        description="User models only: the HTTP wire spec. json (the default): POST "
+        "/v1/predict, {'inputs': [...]} -> {'outputs': [...]}; or a built-in family's, by name.",
+    )
+    adapter_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="User models only: keyword arguments for the class's constructor.",
+    )
     model_name: str = Field(
         default="all-MiniLM-L6-v2",
         min_length=1,
@@ -216,10 +247,30 @@ class AppArgs(BaseModel):
     )
     memory: MemoryArgs = Field(default_factory=MemoryArgs)
 
+    @field_validator("adapter")
+    @classmethod
+    def _check_adapter(cls, value: str) -> str:
+        families = get_args(AdapterKind)
+        if value in families or is_import_path(value):
+            return value
+        names = ", ".join(repr(f) for f in families)
+        raise ValueError(
+            f"not a model family nor an import path; use one of {names}, or a user model's "
+            "class as module:Class (e.g. mypkg.models:MyModel)"
+        )
+
     @model_validator(mode="after")
     def _check(self) -> AppArgs:
         if self.adapter == "image-classification" and self.model_name == "all-MiniLM-L6-v2":
             self.model_name = self.arch
+        if is_import_path(self.adapter):
+            self._check_user_model()
+        elif self.wire is not None or self.adapter_options:
+            field = "wire" if self.wire is not None else "adapter_options"
+            raise ValueError(
+                f"{field} applies to a user model (adapter: module:Class) only; remove it or "
+                f"set adapter to an import path (adapter is {self.adapter!r})"
+            )
         if self.max_queued_items < self.max_inputs_per_request:
             raise ValueError(
                 f"max_queued_items ({self.max_queued_items}) is smaller than "
@@ -233,6 +284,16 @@ class AppArgs(BaseModel):
                 "come first; lower queue_deadline_s or raise request_timeout_s"
             )
         return self
+
+    def _check_user_model(self) -> None:
+        """A user model's defaults: named after its class, run eagerly unless asked for graphs
+        (its predict is not known to be capturable), on the generic JSON wire."""
+        if "model_name" not in self.model_fields_set:
+            self.model_name = self.adapter.rsplit(":", 1)[1]
+        if "cuda_graphs" not in self.model_fields_set:
+            self.cuda_graphs = False
+        if self.wire is None:
+            self.wire = "json"
 
 
 def _format_loc(prefix: str, loc: tuple[Any, ...]) -> str:

@@ -194,7 +194,7 @@ class ModelServer:
     def __serve_build_asgi_app__(self) -> Ingress:
         """The replica's HTTP app (see http.py): its wire spec's route and the common ones."""
         spec = self.model.spec
-        inference = {spec.route, *adapters.ROUTES.values()}
+        inference = {spec.route, *adapters.ROUTES.values(), adapters.CUSTOM_ROUTE}
         routes: dict[str, dict[str, Handler]] = {
             path: {"POST": self._infer if path == spec.route else self._not_served}
             for path in inference

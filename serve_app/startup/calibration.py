@@ -1,6 +1,10 @@
 """Start-up's batch cap: calibrated on a GPU (the largest worst-case batch that fits the cap,
 serve_app.gpu.calibrate), from the calibration cache when it holds a valid entry for this
-replica's key (serve_app.gpu.calibcache); else ``max_batch_size`` or CPU_DEFAULT_BATCH."""
+replica's key (serve_app.gpu.calibcache); else ``max_batch_size`` or CPU_DEFAULT_BATCH.
+
+A backend with ``calibrates = False`` (a user model without ``example_inputs``: no worst-case
+inputs to measure) is not calibrated; on a GPU it then needs ``max_batch_size``
+(``check_batch_cap_source``, before its weights load)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Literal
 
 from serve_app.adapters.contract import ModelBackend
 from serve_app.config.args import AppArgs
+from serve_app.errors import ConfigError
 from serve_app.gpu import calibcache
 from serve_app.gpu.budget import format_bytes
 from serve_app.gpu.calibrate import CalibrationResult, find_max_batch
@@ -38,6 +43,31 @@ class BatchCap:
     entry: calibcache.CacheEntry | None = None
 
 
+def calibrates(backend: ModelBackend) -> bool:
+    """Whether the backend has worst-case items to calibrate with (every family's has; a user
+    model's only with ``example_inputs``)."""
+    return bool(getattr(backend, "calibrates", True))
+
+
+def check_batch_cap_source(args: AppArgs, backend: ModelBackend, partition: Partition) -> None:
+    """Fail fast, before the weights load, when a GPU replica would have no batch cap: its
+    backend cannot calibrate and ``max_batch_size`` is unset.
+
+    Raises:
+        ConfigError: naming ``args.max_batch_size`` and the two fixes.
+    """
+    if partition.on_gpu and args.memory.calibrate and args.max_batch_size is None:
+        if not calibrates(backend):
+            describe = backend.describe()
+            raise ConfigError(
+                f"args.max_batch_size: {describe.get('adapter', describe.get('id'))} has no "
+                "example_inputs(n), so calibration cannot size its batches to the replica's "
+                "budget on this GPU; set max_batch_size (a batch that fits the budget), or give "
+                "the class example_inputs(n) returning n of the largest inputs a request may "
+                "carry (docs/custom-models.md)"
+            )
+
+
 def initial_batch_cap(args: AppArgs, backend: ModelBackend, partition: Partition) -> BatchCap:
     """The batch cap to start serving with (see the module docstring)."""
     configured = args.max_batch_size
@@ -48,6 +78,15 @@ def initial_batch_cap(args: AppArgs, backend: ModelBackend, partition: Partition
     if not mem.calibrate:
         logger.info("calibration off (memory.calibrate: false)")
         return BatchCap(configured or CPU_DEFAULT_BATCH)
+    if not calibrates(backend):
+        check_batch_cap_source(args, backend, partition)
+        assert configured is not None
+        logger.info(
+            "calibration skipped: the model has no example_inputs(n) to measure with; "
+            "batch cap %d from args.max_batch_size",
+            configured,
+        )
+        return BatchCap(configured)
     limit = min(mem.calibration_max_batch_size, configured or mem.calibration_max_batch_size)
     budget = partition.budget
     assert budget is not None

@@ -23,7 +23,7 @@ from serve_app.gpu.capping import start_partition
 from serve_app.gpu.graphs import graph_batch_limit
 from serve_app.gpu.partition import Partition
 from serve_app.gpu.snapshot import is_torch_oom
-from serve_app.startup.calibration import BatchCap, initial_batch_cap
+from serve_app.startup.calibration import BatchCap, check_batch_cap_source, initial_batch_cap
 from serve_app.startup.capture import capture_graphs
 from serve_app.startup.warmup import WarmUp, batch_size_key, run_fits, warm_up
 
@@ -78,7 +78,8 @@ def start_replica(args: AppArgs, num_gpus: float) -> Started:
         partition = start_partition(args, num_gpus, family.outside_torch_hook(args))
     launch_s = 0.0
     with phases("weights"):
-        model = family.build(args)
+        model = family.build(args)  # a user model's class is imported here, after the cap
+        check_batch_cap_source(args, model.backend, partition)
         load_weights(model, partition)
         if partition.on_gpu:
             launch_s = first_launch(model, partition)

@@ -102,3 +102,31 @@ def test_load_errors(tmp_path: Path) -> None:
 def test_schema_round_trip() -> None:
     args = AppArgs(max_batch_size=8)
     assert parse_args(args.model_dump()) == args
+
+
+def test_a_user_model_by_import_path_gets_its_defaults() -> None:
+    args = parse_args({"adapter": "mypkg.models:MyModel"})
+    assert args.model_name == "MyModel" and args.wire == "json"
+    assert args.cuda_graphs is False  # opt-in for user models
+    chosen = parse_args(
+        {"adapter": "m:C", "model_name": "mine", "cuda_graphs": True, "wire": "embeddings"}
+    )
+    assert (chosen.model_name, chosen.cuda_graphs, chosen.wire) == ("mine", True, "embeddings")
+    # The dump a replica re-parses keeps the same settings.
+    assert parse_args(args.model_dump()) == args
+
+
+@pytest.mark.parametrize(
+    ("raw", "path", "words"),
+    [
+        ({"adapter": "mypkg.models.MyModel"}, "args.adapter", "module:Class"),
+        ({"adapter": "mypkg:My-Model"}, "args.adapter", "use one of 'embeddings'"),
+        ({"adapter": "m:C", "wire": "grpc"}, "args.wire", "use one of"),
+        ({"wire": "json"}, "args", "wire applies to a user model"),
+        ({"adapter_options": {"a": 1}}, "args", "adapter_options applies to a user model"),
+    ],
+)
+def test_user_model_fields_are_checked(raw: dict, path: str, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_args(raw)
+    assert f"{path}:" in info.value.message and words in info.value.message

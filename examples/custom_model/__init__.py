@@ -1,0 +1,1 @@
+"""A user model served by serve_app: see README.md here."""

@@ -1,0 +1,154 @@
+"""Tiny real torch models written as users write them, for the user-model tests (imported by
+path, ``tests.unit.adapters.custom.user_models:Name``, as a config names them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+WIDTH = 8
+
+
+class Doubler:
+    """Each input, a list of WIDTH numbers, times a fixed matrix (2 x the identity)."""
+
+    def __init__(self, scale: float = 2.0) -> None:
+        self.scale = scale
+        self.batches: list[int] = []
+
+    def setup(self, device: torch.device) -> None:
+        self.device = device
+        self.layer = torch.nn.Linear(WIDTH, WIDTH, bias=False).to(device)
+        with torch.no_grad():
+            self.layer.weight.copy_(torch.eye(WIDTH) * self.scale)
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        self.batches.append(len(batch))
+        x = torch.tensor(batch, dtype=torch.float32, device=self.device)
+        return list(self.layer(x))  # tensors: serve_app makes them JSON
+
+
+class WithExamples(Doubler):
+    """Doubler that can say its largest inputs, so calibration can size its batches."""
+
+    def example_inputs(self, n: int) -> list[Any]:
+        return [[1.0] * WIDTH for _ in range(n)]
+
+
+class Decoding(Doubler):
+    """Doubler whose inputs are texts of digits, checked and decoded by the user's code."""
+
+    input_schema = {"type": "string", "pattern": f"^[0-9]{{{WIDTH}}}$"}
+    output_schema = {"type": "object", "properties": {"sum": {"type": "number"}}}
+
+    def decode_request(self, text: Any) -> list[float]:
+        if not isinstance(text, str) or len(text) != WIDTH or not text.isdigit():
+            raise ValueError(f"each input must be {WIDTH} digits")
+        return [float(c) for c in text]
+
+    def encode_response(self, output: Any) -> dict[str, Any]:
+        return {"sum": float(sum(output))}
+
+
+class Embedder(Doubler):
+    """Texts to unit vectors of WIDTH floats (their bytes' counts), for wire: embeddings."""
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        x = torch.zeros(len(batch), WIDTH)
+        for row, text in enumerate(batch):
+            for b in text.encode():
+                x[row, b % WIDTH] += 1.0
+        return torch.nn.functional.normalize(x, dim=1)  # a tensor of rows: one per input
+
+
+class Ragged(Doubler):
+    """Embedder's outputs of a length that depends on the input: not an embedding."""
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        return [[0.5] * (1 + len(t)) for t in batch]
+
+
+class DropsOne(Doubler):
+    """Returns one output too few: the contract's commonest slip."""
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        return super().predict(batch)[:-1]
+
+
+class ReturnsDict(Doubler):
+    def predict(self, batch: list[Any]) -> Any:
+        return {"outputs": super().predict(batch)}
+
+
+class Raises(Doubler):
+    def predict(self, batch: list[Any]) -> list[Any]:
+        raise KeyError("weights missing a layer")
+
+
+class SetupRaises(Doubler):
+    def setup(self, device: torch.device) -> None:
+        raise FileNotFoundError("/models/mine.safetensors")
+
+
+class ConstructorRaises(Doubler):
+    def __init__(self) -> None:
+        raise RuntimeError("no licence key")
+
+
+class OutOfMemoryPast2(WithExamples):
+    """Raises torch's own out-of-memory error for batches of more than two inputs, as a model
+    under a tight cap does: the OOM split must see it untouched."""
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        if len(batch) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().predict(batch)
+
+
+class NoPredict:
+    def setup(self, device: torch.device) -> None:
+        pass
+
+
+class PredictTakesTwo(Doubler):
+    def predict(self, batch: list[Any], extra: int) -> list[Any]:  # type: ignore[override]
+        return []
+
+
+class SchemaNotADict(Doubler):
+    input_schema = "string"
+
+
+NOT_A_CLASS = 42
+
+
+class Graphed(WithExamples):
+    """WithExamples split for CUDA graphs: collate (the host part) and forward (the device
+    part); predict is the two together."""
+
+    def collate(self, batch: list[Any]) -> torch.Tensor:
+        return torch.tensor(batch, dtype=torch.float32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        return list(self.forward(self.collate(batch).to(self.device)))
+
+
+class GraphedWrong(Graphed):
+    """A forward that is not predict's: graphs would change the answers."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x) + 1.0
+
+    def predict(self, batch: list[Any]) -> list[Any]:
+        return list(self.layer(self.collate(batch)))
+
+
+class BadExamples(Decoding):
+    """Its example inputs are not what its decode_request takes."""
+
+    def example_inputs(self, n: int) -> list[Any]:
+        return [[1.0] * WIDTH for _ in range(n)]
