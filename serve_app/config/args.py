@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from serve_app.errors import ConfigError
 
-AdapterKind = Literal["embeddings", "image-classification"]
+AdapterKind = Literal["embeddings", "image-classification", "rerank", "text-classification"]
 CachePolicy = Literal["always", "threshold", "never"]
 Enforcement = Literal["torch", "mps", "both"]
 MPS_VARS = ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
