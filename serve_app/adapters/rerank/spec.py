@@ -164,10 +164,8 @@ class RerankSpec:
             if name == "documents" and isinstance(item, dict):
                 item = item.get("text")
             if not isinstance(item, str):
-                shape = (
-                    "a string or an object with a string 'text'"
-                    if name == "documents"
-                    else ("a string")
+                shape = "a string" + (
+                    " or an object with a string 'text'" if name == "documents" else ""
                 )
                 raise BadRequest(f"'{name}[{i}]' must be {shape}", param=f"{name}[{i}]")
             texts.append(item)
