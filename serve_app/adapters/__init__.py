@@ -13,12 +13,19 @@ from serve_app.config.args import AppArgs, is_import_path
 FAMILIES = {
     "embeddings": "serve_app.adapters.embeddings",
     "image-classification": "serve_app.adapters.image",
+    "rerank": "serve_app.adapters.rerank",
+    "text-classification": "serve_app.adapters.textclass",
 }
 """``args.adapter`` -> the family's package (its ``build(args) -> Model``)."""
 CUSTOM_FAMILY = "serve_app.adapters.custom"
 """The family of every ``args.adapter`` that is an import path: a user's model."""
 
-ROUTES = {"embeddings": "/v1/embeddings", "image-classification": "/v1/classify"}
+ROUTES = {
+    "embeddings": "/v1/embeddings",
+    "image-classification": "/v1/classify",
+    "rerank": "/v1/rerank",
+    "text-classification": "/predict",
+}
 """Each family's route, known without importing the family (a replica answers a clear 404 on
 another family's route)."""
 CUSTOM_ROUTE = "/v1/predict"

@@ -59,8 +59,9 @@ class WireSpec(Protocol):
         """Validate a request body and read its inputs; raise BadRequest, NotFound,
         PayloadTooLarge or UnsupportedMediaType naming the field."""
 
-    def encode(self, outputs: list[Any], decoded: Decoded) -> dict[str, Any]:
-        """The response body for ``outputs`` (numpy arrays allowed: orjson renders them)."""
+    def encode(self, outputs: list[Any], decoded: Decoded) -> dict[str, Any] | list[Any]:
+        """The response body for ``outputs`` (numpy arrays allowed: orjson renders them): a JSON
+        object, or a JSON array where the wire format is one (TEI's ``/predict``)."""
 
     def openapi(self, max_body_bytes: int) -> Operation:
         """Its route's operation and schemas, narrowed to this application's settings."""
@@ -132,7 +133,7 @@ class Model:
         decoded.items = self.backend.prepare(decoded.inputs)
         return decoded
 
-    def encode(self, outputs: list[Any], decoded: Decoded) -> dict[str, Any]:
+    def encode(self, outputs: list[Any], decoded: Decoded) -> dict[str, Any] | list[Any]:
         return self.spec.encode(outputs, decoded)
 
 

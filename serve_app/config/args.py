@@ -20,7 +20,7 @@ from pydantic import (
 
 from serve_app.errors import ConfigError
 
-AdapterKind = Literal["embeddings", "image-classification"]
+AdapterKind = Literal["embeddings", "image-classification", "rerank", "text-classification"]
 CachePolicy = Literal["always", "threshold", "never"]
 Enforcement = Literal["torch", "mps", "both"]
 MPS_VARS = ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
@@ -128,7 +128,8 @@ class AppArgs(BaseModel):
     model_path: str | None = Field(
         default=None,
         description="Local weights directory or file. Default: the packaged MiniLM "
-        "(embeddings) or none (image classification needs it unless load_format is dummy).",
+        "(embeddings) or none (image classification, rerank and text-classification need it "
+        "unless load_format is dummy; see docs/models.md).",
     )
     arch: str = Field(default="resnet50", description="Image classifier architecture name.")
     labels_path: str | None = Field(
@@ -208,7 +209,8 @@ class AppArgs(BaseModel):
     max_input_tokens: int | None = Field(
         default=None,
         ge=1,
-        description="Embeddings: longest input accepted, in tokens. Default: the model's "
+        description="Embeddings, rerank (a query and a document together) and "
+        "text-classification: longest input accepted, in tokens. Default: the model's "
         "max_seq_length. Longer inputs get HTTP 400, never a silent truncation.",
     )
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1024**3)

@@ -49,6 +49,8 @@ BASE_MODULES = ("torch", ray_compat.SERVE_REPLICA_MODULE, "serve_app.serving.rep
 ADAPTER_MODULES = {
     "embeddings": ("serve_app.adapters.embeddings",),
     "image-classification": ("serve_app.adapters.image",),
+    "rerank": ("serve_app.adapters.rerank",),
+    "text-classification": ("serve_app.adapters.textclass",),
 }
 MARKER_MODULE = "serve_app.preloaded"
 

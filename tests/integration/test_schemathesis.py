@@ -6,7 +6,9 @@ document, every valid body is accepted, every invalid one refused with a 4xx) an
 response was a 5xx. A second application with API keys runs the same checks, fewer examples,
 with a key: the document's bearer scheme and 401s must hold too (``ignored_auth`` sends
 requests without it). Measured on the 2-core CI machine: 500 examples per operation, about
-1,100 requests, take about 25 s.
+1,100 requests, take about 25 s. The reranker's and the text classifier's POST routes get the
+same checks, 150 examples each, on one-layer random-weight directories (about 70 s for both
+with their deployments, on a CI machine shared with other sessions).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ RUN_TIMEOUT_S = 300
 # What `serve-app run configs/cpu.yaml` serves, less the GPU.
 ARGS = {"adapter": "embeddings", "max_batch_size": 32, "batch_wait_timeout_s": 0.0}
 KEY = "schemathesis-key-5f2a"
+TEXT_EXAMPLES = 150
+TEXT_ARGS = {"max_batch_size": 32, "max_inputs_per_request": 16, "batch_wait_timeout_s": 0.0}
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +102,46 @@ def test_the_document_holds_under_all_checks(apps, tmp_path: Path) -> None:
     # Enough cases to mean something, both accepted and refused bodies.
     assert sum(posts.values()) >= MAX_EXAMPLES, posts
     assert posts[200] >= 50 and posts[400] >= 50, posts
+
+
+@pytest.fixture(scope="module")
+def text_apps(cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The reranker and the text classifier, each from a one-layer random-weight directory
+    (tests/fixtures/text_models.py): the fuzzing is of the wire specs, not the model."""
+    from tests.fixtures.text_models import classifier_dir
+
+    root = tmp_path_factory.mktemp("text-models")
+    dirs = {
+        "rerank": classifier_dir(root / "rerank", layers=1),
+        "text-classification": classifier_dir(root / "textclass", ["no", "yes"], layers=1),
+    }
+    bases = {
+        family: cluster.deploy(
+            f"st-{family}",
+            f"/st-{family}",
+            {**TEXT_ARGS, "adapter": family, "model_path": str(path)},
+            ray_actor_options={"num_cpus": 0.5},
+        )
+        for family, path in dirs.items()
+    }
+    yield bases
+    for family in bases:
+        cluster.delete(f"st-{family}")
+
+
+@pytest.mark.parametrize("family", ["rerank", "text-classification"])
+def test_the_text_families_documents_hold(text_apps, family: str, tmp_path: Path) -> None:
+    """The same checks on the reranker's and the text classifier's POST routes (TEXT_EXAMPLES
+    each, about 10 s apiece on the 2-core CI machine)."""
+    done, statuses = schemathesis(
+        text_apps[family], tmp_path, TEXT_EXAMPLES, "--include-method", "POST"
+    )
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert "No issues found" in done.stdout, done.stdout[-3000:]
+    server_errors = {k: n for k, n in statuses.items() if k[1] >= 500 or k[1] == 0}
+    assert server_errors == {}, server_errors
+    posts = Counter({code: n for (label, code), n in statuses.items() if label.startswith("POST")})
+    assert posts[200] >= 20 and posts[400] >= 20, posts
 
 
 def test_the_document_holds_with_api_keys(apps, tmp_path: Path) -> None:

@@ -105,10 +105,17 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        # Every token is of type 0, as BertModel assumes when given no token_type_ids.
-        x = self.word_embeddings(input_ids) + self.token_type_embeddings.weight[0]
+        # Without token_type_ids every token is of type 0, as BertModel assumes; a cross-encoder
+        # passes its pairs' segments (serve_app/adapters/text).
+        if token_type_ids is None:
+            types = self.token_type_embeddings.weight[0]
+        else:
+            types = self.token_type_embeddings(token_type_ids)
+        x = self.word_embeddings(input_ids) + types
         return self.LayerNorm(x + self.position_embeddings(positions))
 
 
@@ -191,9 +198,14 @@ class BertEncoder(nn.Module):
         self.embeddings = BertEmbeddings(cfg)
         self.encoder = BertStack(cfg)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         keep = attention_mask.bool()[:, None, None, :]
-        x = self.embeddings(input_ids)
+        x = self.embeddings(input_ids, token_type_ids)
         with sdpa_kernel(ATTENTION_BACKENDS):
             for layer in self.encoder.layer:
                 x = layer(x, keep)

@@ -16,6 +16,8 @@ from serve_app.config.args import parse_args
 FAMILY_ARGS = {
     "embeddings": {"adapter": "embeddings"},
     "image-classification": {"adapter": "image-classification", "load_format": "dummy"},
+    "rerank": {"adapter": "rerank", "load_format": "dummy"},
+    "text-classification": {"adapter": "text-classification", "load_format": "dummy"},
 }
 
 
