@@ -159,6 +159,11 @@ class Ingress:
             return
         path = route_path(scope)
         methods = self.routes.get(path)
+        if methods is None and path == "/" and scope.get("root_path") in self.routes:
+            # An application whose route prefix is its own route (configs/rag-stack.yaml puts
+            # each model at its route on one base URL): the prefix itself is that route.
+            path = scope["root_path"]
+            methods = self.routes[path]
         if methods is None:
             response = error_response(NotFound(f"{scope['method']} {path}: Not Found"))
         elif (
