@@ -25,7 +25,7 @@ from serve_app.errors import InsufficientMemory, ItemError, NotFound, Overloaded
 from serve_app.gpu import calibcache
 from serve_app.gpu.budget import format_bytes
 from serve_app.ops.status import by_node_and_gpu, cluster_view, placement_groups
-from serve_app.serving import poison, readiness
+from serve_app.serving import index, poison, readiness
 from serve_app.serving.auth import ApiKeys, protected_paths
 from serve_app.serving.batcher import Batcher
 from serve_app.serving.http import (
@@ -85,6 +85,7 @@ class ModelServer:
         self.args = args if isinstance(args, AppArgs) else parse_args(args)
         ctx = serve.get_replica_context()
         self.replica_id = str(ctx.replica_id.unique_id) if ctx else f"local-{os.getpid()}"
+        self.application = ctx.app_name if ctx else ""
         assigned = ray.get_runtime_context().get_assigned_resources()
         # Everything up to serving: partition (first: under MPS it must precede CUDA), weights,
         # graphs, calibration, warm-up (startup.pipeline).
@@ -274,7 +275,17 @@ class ModelServer:
         )
 
     async def models(self, request: Request) -> Response:
-        return json_response({"object": "list", "data": [self.model.backend.describe()]})
+        """Every serve_app model under this application's prefix, this one first, each with
+        its route (serving/index): at ``route_prefix: /``, every model on the base URL."""
+        await self._publish()  # as in memory(): ours must be in the registry's answer
+        base = request.scope.get("root_path", "")
+        own = self.report()
+        reports, details = await asyncio.gather(
+            self._registry.all.remote(REPORT_MAX_AGE_S), asyncio.to_thread(index.serve_details)
+        )
+        prefixes = index.route_prefixes(details) or {self.application: base or "/"}
+        data = index.model_entries(base, own, reports, prefixes)
+        return json_response({"object": "list", "data": data})
 
     async def healthz(self, request: Request) -> Response:
         return json_response({"status": "ok"})
@@ -346,6 +357,7 @@ class ModelServer:
     def report(self) -> ReplicaReport:
         return replica_report(
             replica_id=self.replica_id,
+            application=self.application,
             started=self.started,
             batch_cap=self.batch_cap,
             stats=self.stats,
