@@ -12,6 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from serve_app.config.args import IMPORT_PATH, MPS_VARS, AppArgs, validation_messages
+from serve_app.config.shares import share_errors
 from serve_app.errors import ConfigError
 
 _LIMIT_ENTRY = re.compile(r"^(?P<dev>GPU-[0-9a-fA-F-]+|MIG-[^=]+|\d+)=(?P<num>\d+)(?P<unit>[MG])$")
@@ -40,8 +41,9 @@ def check_limit_value(value: str, visible_devices: int = 1) -> list[str]:
     return problems
 
 
-def check_deploy_config(doc: Any) -> list[str]:
-    """Validate a whole ``serve deploy`` document; returns every error with its field path."""
+def check_deploy_config(doc: Any, gpus: int = 1) -> list[str]:
+    """Validate a whole ``serve deploy`` document; returns every error with its field path.
+    ``gpus``: the GPUs that deployments not pinned to one share (config/shares.py)."""
     errors: list[str] = []
     if not isinstance(doc, dict) or not isinstance(doc.get("applications"), list):
         return ["applications: missing; a Serve config needs a list of applications"]
@@ -63,6 +65,7 @@ def check_deploy_config(doc: Any) -> list[str]:
             errors.extend(validation_messages(exc, prefix=f"{where}.args"))
             continue
         errors.extend(_check_deployments(args, app.get("deployments") or [], where))
+    errors.extend(share_errors(doc, gpus))
     return errors
 
 
