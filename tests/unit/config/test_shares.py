@@ -110,3 +110,18 @@ def test_rag_stack_shares_fit_one_gpu() -> None:
     groups = asks(load_deploy_config(CONFIGS / "rag-stack.yaml"))
     assert list(groups) == [None]
     assert sum(a.share_units * a.replicas for a in groups[None]) == 7000  # 0.7 of the GPU
+
+
+def test_serve_app_check_takes_the_gpu_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+
+    from serve_app.ops.cli import main
+
+    path = tmp_path / "three.yaml"
+    path.write_text(yaml.safe_dump(doc(app("a", 0.6, num_replicas=3))))
+    assert main(["check", str(path)]) == 2
+    assert "ask for 1.8 in all" in capsys.readouterr().err
+    assert main(["check", str(path), "--gpus", "2"]) == 2
+    assert main(["check", str(path), "--gpus", "3"]) == 0
