@@ -17,13 +17,13 @@ from typing import Any
 
 def public_route(route_prefix: str | None, route: str) -> str | None:
     """The path a client calls for ``route`` in an application at ``route_prefix``: the
-    prefix itself when it is the route (http.Ingress serves it there), else below it; None for
-    an application with no HTTP route (``route_prefix: null``)."""
+    prefix itself when it ends with the route (http.Ingress serves it there), else below it;
+    None for an application with no HTTP route (``route_prefix: null``)."""
     if route_prefix is None:
         return None
     prefix = route_prefix.rstrip("/")
-    if prefix == route:
-        return route
+    if prefix.endswith(route):
+        return prefix
     return f"{prefix}{route}"
 
 

@@ -87,6 +87,8 @@ async def test_a_route_prefix_that_is_a_route_serves_that_route() -> None:
         wrong = await client.get("/v1/echo")
         assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
         assert (await client.get("/v1/echo/healthz")).status_code == 200
+    async with _client(root_path="/base/v1/echo") as client:  # the same below a base path
+        assert (await client.post("/base/v1/echo", content=b"x")).status_code == 200
     async with _client(root_path="/images") as client:  # a prefix that is no route: a 404
         missing = await client.post("/images", content=b"x")
         assert missing.status_code == 404 and "error" in missing.json()

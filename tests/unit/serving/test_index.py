@@ -28,6 +28,7 @@ def test_public_route() -> None:
     assert public_route("/v1/rerank", "/v1/rerank") == "/v1/rerank"  # the prefix is the route
     assert public_route("/v1/rerank/", "/v1/rerank") == "/v1/rerank"
     assert public_route("/images", "/v1/classify") == "/images/v1/classify"
+    assert public_route("/stack/v1/classify", "/v1/classify") == "/stack/v1/classify"
     assert public_route(None, "/v1/classify") is None
 
 
