@@ -73,12 +73,12 @@ def model_entries(
     return first + sorted(grouped.values(), key=lambda e: (e["route"], e["application"]))
 
 
-def serve_details() -> dict[str, Any]:
-    """Serve's instance details, {} when they cannot be read (blocking: call it off the loop);
-    ``/v1/models`` then lists the answering application's own model only."""
+def serve_details() -> tuple[dict[str, Any], str | None]:
+    """Serve's instance details and None, or {} and why they cannot be read (blocking: call it
+    off the loop); ``/v1/models`` then lists the answering application's own model only."""
     from serve_app.startup import ray_compat
 
     try:
-        return ray_compat.serve_details()
-    except Exception:  # noqa: BLE001 - the listing degrades to this application's model
-        return {}
+        return ray_compat.serve_details(), None
+    except Exception as exc:  # noqa: BLE001 - the listing degrades to this application's model
+        return {}, f"cannot read Serve's applications: {type(exc).__name__}: {exc}"

@@ -118,10 +118,10 @@ class ModelServer:
             # The node's NVML sampler: the report's GPU totals, and this replica's bytes
             # watched against its budget (escapes).
             self._watch_budget(get_or_create_monitor())
-        threading.Thread(target=self._report_loop, name="report", daemon=True).start()
         # The next replica on this node, a scale-up or a replacement, starts in a worker that
         # is already running with the imports done (warmpool).
         self._warm_workers = warmpool.start_keeper(self.args.warm_workers)
+        threading.Thread(target=self._report_loop, name="report", daemon=True).start()
         logger.info(
             "replica %s ready: %s on %s, max batch %d",
             self.replica_id,
@@ -280,12 +280,14 @@ class ModelServer:
         await self._publish()  # as in memory(): ours must be in the registry's answer
         base = request.scope.get("root_path", "")
         own = self.report()
-        reports, details = await asyncio.gather(
+        reports, (details, error) = await asyncio.gather(
             self._registry.all.remote(REPORT_MAX_AGE_S), asyncio.to_thread(index.serve_details)
         )
         prefixes = index.route_prefixes(details) or {self.application: base or "/"}
-        data = index.model_entries(base, own, reports, prefixes)
-        return json_response({"object": "list", "data": data})
+        body = {"object": "list", "data": index.model_entries(base, own, reports, prefixes)}
+        if error is not None:
+            body["errors"] = [error]
+        return json_response(body)
 
     async def healthz(self, request: Request) -> Response:
         return json_response({"status": "ok"})
@@ -373,11 +375,15 @@ class ModelServer:
         return self._registry.put.remote(self.replica_id, report)
 
     def _report_loop(self) -> None:
-        while not self._stop.wait(REPORT_PERIOD_S):
+        # The first report at once, so that /v1/models and /v1/memory list a new replica from
+        # its first request on (any replica answers them from the registry).
+        while True:
             try:
                 self._publish()
             except Exception:  # noqa: BLE001 - reporting must never take the replica down
                 logger.exception("memory report failed")
+            if self._stop.wait(REPORT_PERIOD_S):
+                return
 
     def __del__(self) -> None:
         # __init__ may have failed part-way (e.g. the model did not fit): stop what exists.
