@@ -84,8 +84,8 @@ def request_for(family: Family, items: int, image_size: int = 224) -> Request:
         body = {"model": family.model, "input": texts}
     elif family.adapter == "rerank":  # Cohere/Jina shape: each pair is one batch item
         body = {"model": family.model, "query": QUERY, "documents": texts}
-    elif family.adapter == "text-classification":  # TEI's /predict shape
-        body = {"inputs": texts}
+    elif family.adapter == "text-classification":  # TEI's /predict: a batch of sequences
+        body = {"inputs": [[t] for t in texts]}
     else:
         raise ValueError(f"no request for adapter {family.adapter!r}")
     return Request(json.dumps(body).encode(), "application/json", items)

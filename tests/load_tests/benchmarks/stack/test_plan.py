@@ -39,7 +39,8 @@ def test_requests_in_each_familys_wire_shape() -> None:
     assert json.loads(emb.body)["input"] and emb.items == 8
     rerank = json.loads(request_for(by_name["rerank"], 8).body)
     assert set(rerank) == {"model", "query", "documents"} and len(rerank["documents"]) == 8
-    assert len(json.loads(request_for(by_name["classify-text"], 4).body)["inputs"]) == 4
+    batch = json.loads(request_for(by_name["classify-text"], 4).body)["inputs"]
+    assert len(batch) == 4 and all(len(seq) == 1 for seq in batch)  # four one-text sequences
     img = request_for(by_name["classify-images"], 8)
     assert img.content_type == "image/jpeg" and img.items == 1 and img.body[:2] == b"\xff\xd8"
 
