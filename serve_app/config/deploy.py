@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from serve_app import env
 from serve_app.config.args import IMPORT_PATH, MPS_VARS, AppArgs, validation_messages
+from serve_app.config.shares import share_errors
 from serve_app.errors import ConfigError
 
 _LIMIT_ENTRY = re.compile(r"^(?P<dev>GPU-[0-9a-fA-F-]+|MIG-[^=]+|\d+)=(?P<num>\d+)(?P<unit>[MG])$")
@@ -41,8 +42,9 @@ def check_limit_value(value: str, visible_devices: int = 1) -> list[str]:
     return problems
 
 
-def check_deploy_config(doc: Any) -> list[str]:
-    """Validate a whole ``serve deploy`` document; returns every error with its field path."""
+def check_deploy_config(doc: Any, gpus: int = 1) -> list[str]:
+    """Validate a whole ``serve deploy`` document; returns every error with its field path.
+    ``gpus``: the GPUs that deployments not pinned to one share (config/shares.py)."""
     errors: list[str] = []
     if not isinstance(doc, dict) or not isinstance(doc.get("applications"), list):
         return ["applications: missing; a Serve config needs a list of applications"]
@@ -66,6 +68,7 @@ def check_deploy_config(doc: Any) -> list[str]:
         errors.extend(_check_deployments(args, app.get("deployments") or [], where))
     if not env.doubles_allowed():
         errors.extend(f"{field}: {TEST_DOUBLE_REFUSAL}" for field in doubles_in_runtime_envs(doc))
+    errors.extend(share_errors(doc, gpus))
     return errors
 
 

@@ -17,7 +17,7 @@ def _default_config() -> str:
     return str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else "configs/default.yaml"
 
 
-def cmd_check(path: str) -> int:
+def cmd_check(path: str, gpus: int = 1) -> int:
     from serve_app.config.deploy import check_deploy_config, load_deploy_config
     from serve_app.errors import ConfigError
 
@@ -26,7 +26,7 @@ def cmd_check(path: str) -> int:
     except ConfigError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
-    errors = check_deploy_config(doc)
+    errors = check_deploy_config(doc, gpus=gpus)
     for line in errors:
         print(f"error: {line}", file=sys.stderr)
     if errors:
@@ -97,12 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--ready-timeout-s", type=float, default=300.0)
     check = sub.add_parser("check", help="validate CONFIG and print every error")
     check.add_argument("config")
+    check.add_argument(
+        "--gpus", type=int, default=1, help="GPUs the unpinned GPU shares may spread over"
+    )
     status = sub.add_parser("status", help="per-replica memory table of a running app")
     status.add_argument("--url", default="http://127.0.0.1:8000")
     status.add_argument("--json", action="store_true")
     ns = parser.parse_args(argv)
     if ns.command == "check":
-        return cmd_check(ns.config)
+        return cmd_check(ns.config, max(ns.gpus, 1))
     if ns.command == "run":
         return cmd_run(ns.config, not ns.no_haproxy, ns.ready_timeout_s)
     return cmd_status(ns.url, ns.json)

@@ -236,11 +236,12 @@ def wait_ready(url: str, timeout_s: float) -> None:
 
 def run(doc: dict[str, Any], *, haproxy: bool = True, ready_timeout_s: float = 300.0) -> Deployment:
     """Validate, start Ray, deploy and wait. Raises ConfigError / StartupError."""
-    errors = check_deploy_config(doc)
+    gpus = gpu_count()
+    # Unpinned shares must fit on this host's GPUs (one when serving on the CPU, which drops them).
+    errors = check_deploy_config(doc, gpus=max(gpus, 1))
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
     notes = []
-    gpus = gpu_count()
     if gpus == 0:
         doc, fallback = cpu_fallback(doc)
         notes.append("No CUDA GPU found: serving on the CPU.")

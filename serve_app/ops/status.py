@@ -34,16 +34,24 @@ class StatusUnavailable(ServeAppError):
     error_type = "status_unavailable"
 
 
-def read_memory_report(url: str, timeout_s: float = 10.0) -> dict[str, Any]:
-    """The ``GET /v1/memory`` document of the app at ``url``.
+def read_memory_report(
+    url: str, timeout_s: float = 10.0, api_key: str | None = None
+) -> dict[str, Any]:
+    """The ``GET /v1/memory`` document of the app at ``url``, sent with ``api_key``, or else
+    with the first key of this environment's ``SERVE_APP_API_KEYS``/``_FILE`` when it has one
+    (the route needs a key when the server has keys).
 
     Raises:
         StatusUnavailable: the app cannot be reached or did not answer 200.
     """
     import httpx
 
+    from serve_app import env
+
+    key = api_key if api_key is not None else next(iter(env.api_keys()), None)
+    headers = {"authorization": f"Bearer {key}"} if key else None
     try:
-        resp = httpx.get(f"{url.rstrip('/')}/v1/memory", timeout=timeout_s)
+        resp = httpx.get(f"{url.rstrip('/')}/v1/memory", timeout=timeout_s, headers=headers)
     except httpx.HTTPError as exc:
         raise StatusUnavailable(f"cannot reach {url}: {exc}") from None
     if resp.status_code != 200:

@@ -150,6 +150,7 @@ class Ingress:
             self.routes[path] = table
         self.api_keys = api_keys if api_keys is not None and api_keys.enabled else None
         self.protected = frozenset(protected)
+        self._at_prefix: dict[str, str | None] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -159,6 +160,8 @@ class Ingress:
             return
         path = route_path(scope)
         methods = self.routes.get(path)
+        if methods is None and path == "/" and (own := self._route_at(scope)) is not None:
+            path, methods = own, self.routes[own]
         if methods is None:
             response = error_response(NotFound(f"{scope['method']} {path}: Not Found"))
         elif (
@@ -179,6 +182,17 @@ class Ingress:
                 except Exception:  # noqa: BLE001 - a JSON 500 with an id, never a bare one
                     response = internal_error("request")
         await response(scope, receive, send)
+
+    def _route_at(self, scope: Scope) -> str | None:
+        """The route an application's prefix ends with, as when the prefix is its own route
+        (configs/rag-stack.yaml puts each model at its route on one base URL, and
+        ``/base/v1/rerank`` does the same below a base path): the prefix itself serves it.
+        Cached per prefix (set by Serve, not by the client)."""
+        root: str = scope.get("root_path", "")
+        if root not in self._at_prefix:
+            ends = [r for r in self.routes if r != "/" and (root == r or root.endswith(r))]
+            self._at_prefix[root] = max(ends, key=len) if ends else None
+        return self._at_prefix[root]
 
     def _denied(self, scope: Scope) -> Response | None:
         """A 401 unless the request carries a valid key (only called when keys are on)."""

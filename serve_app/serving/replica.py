@@ -25,7 +25,7 @@ from serve_app.errors import InsufficientMemory, ItemError, NotFound, Overloaded
 from serve_app.gpu import calibcache
 from serve_app.gpu.budget import format_bytes
 from serve_app.ops.status import by_node_and_gpu, cluster_view, placement_groups
-from serve_app.serving import poison, readiness
+from serve_app.serving import index, poison, readiness
 from serve_app.serving.auth import load_api_keys, protected_paths
 from serve_app.serving.batcher import Batcher
 from serve_app.serving.http import (
@@ -88,6 +88,7 @@ class ModelServer:
         self._api_keys = load_api_keys()
         ctx = serve.get_replica_context()
         self.replica_id = str(ctx.replica_id.unique_id) if ctx else f"local-{os.getpid()}"
+        self.application = ctx.app_name if ctx else ""
         assigned = ray.get_runtime_context().get_assigned_resources()
         # Everything up to serving: partition (first: under MPS it must precede CUDA), weights,
         # graphs, calibration, warm-up (startup.pipeline).
@@ -119,10 +120,10 @@ class ModelServer:
             # The node's NVML sampler: the report's GPU totals, and this replica's bytes
             # watched against its budget (escapes).
             self._watch_budget(get_or_create_monitor())
-        threading.Thread(target=self._report_loop, name="report", daemon=True).start()
         # The next replica on this node, a scale-up or a replacement, starts in a worker that
         # is already running with the imports done (warmpool).
         self._warm_workers = warmpool.start_keeper(self.args.warm_workers)
+        threading.Thread(target=self._report_loop, name="report", daemon=True).start()
         logger.info(
             "replica %s ready: %s on %s, max batch %d",
             self.replica_id,
@@ -276,7 +277,19 @@ class ModelServer:
         )
 
     async def models(self, request: Request) -> Response:
-        return json_response({"object": "list", "data": [self.model.backend.describe()]})
+        """Every serve_app model under this application's prefix, this one first, each with
+        its route (serving/index): at ``route_prefix: /``, every model on the base URL."""
+        await self._publish()  # as in memory(): ours must be in the registry's answer
+        base = request.scope.get("root_path", "")
+        own = self.report()
+        reports, (details, error) = await asyncio.gather(
+            self._registry.all.remote(REPORT_MAX_AGE_S), asyncio.to_thread(index.serve_details)
+        )
+        prefixes = index.route_prefixes(details) or {self.application: base or "/"}
+        body = {"object": "list", "data": index.model_entries(base, own, reports, prefixes)}
+        if error is not None:
+            body["errors"] = [error]
+        return json_response(body)
 
     async def healthz(self, request: Request) -> Response:
         return json_response({"status": "ok"})
@@ -348,6 +361,7 @@ class ModelServer:
     def report(self) -> ReplicaReport:
         return replica_report(
             replica_id=self.replica_id,
+            application=self.application,
             started=self.started,
             batch_cap=self.batch_cap,
             stats=self.stats,
@@ -363,11 +377,15 @@ class ModelServer:
         return self._registry.put.remote(self.replica_id, report)
 
     def _report_loop(self) -> None:
-        while not self._stop.wait(REPORT_PERIOD_S):
+        # The first report at once, so that /v1/models and /v1/memory list a new replica from
+        # its first request on (any replica answers them from the registry).
+        while True:
             try:
                 self._publish()
             except Exception:  # noqa: BLE001 - reporting must never take the replica down
                 logger.exception("memory report failed")
+            if self._stop.wait(REPORT_PERIOD_S):
+                return
 
     def __del__(self) -> None:
         # __init__ may have failed part-way (e.g. the model did not fit): stop what exists.

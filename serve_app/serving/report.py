@@ -60,6 +60,9 @@ class ReplicaReport(PartitionFigures):
 
     replica_id: str
     app: str
+    application: str  # the Serve application (``app`` is the model's name)
+    route: str  # the model's route below the application's prefix
+    model_card: dict[str, Any]  # what GET /v1/models shows of the model (serving/index)
     pid: int
     node_id: str
     calibrated_batch_size: int | None
@@ -103,6 +106,7 @@ class ReplicaReport(PartitionFigures):
 def replica_report(
     *,
     replica_id: str,
+    application: str,
     started: Started,
     batch_cap: int,
     stats: BatchStats,
@@ -120,6 +124,9 @@ def replica_report(
         **started.partition.report(),
         replica_id=replica_id,
         app=started.model.name,
+        application=application,
+        route=started.model.spec.route,
+        model_card=backend.describe(),
         pid=os.getpid(),
         node_id=ray.get_runtime_context().get_node_id(),
         calibrated_batch_size=calib.batch_size if calib else None,

@@ -15,6 +15,7 @@ TOOLS = {
     "load_tests.benchmarks.throughput": "load_tests.benchmarks.throughput.cli",
     "load_tests.benchmarks.startup": "load_tests.benchmarks.startup.cli",
     "load_tests.benchmarks.multigpu": "load_tests.benchmarks.multigpu.cli",
+    "load_tests.benchmarks.stack": "load_tests.benchmarks.stack.cli",
 }
 
 

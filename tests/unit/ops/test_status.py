@@ -209,6 +209,7 @@ class _Answer(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         server: Any = self.server
+        server.authorization = self.headers.get("authorization")
         body = server.body.encode()
         self.send_response(server.status)
         self.send_header("Content-Type", "application/json")
@@ -256,3 +257,18 @@ def test_status_errors_name_the_url_and_the_answer(
     closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     assert main(["status", "--url", closed]) == 2
     assert capsys.readouterr().err.startswith(f"error: cannot reach {closed}: ")
+
+
+def test_status_sends_the_environments_key(
+    memory_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"http://127.0.0.1:{memory_server.server_address[1]}"
+    monkeypatch.delenv("SERVE_APP_API_KEYS_FILE", raising=False)
+    monkeypatch.delenv("SERVE_APP_API_KEYS", raising=False)
+    read_memory_report(url)
+    assert memory_server.authorization is None  # no keys: no header
+    monkeypatch.setenv("SERVE_APP_API_KEYS", "k1,k2")
+    read_memory_report(url)
+    assert memory_server.authorization == "Bearer k1"
+    read_memory_report(url, api_key="other")
+    assert memory_server.authorization == "Bearer other"

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from serve_app.errors import BadRequest, Overloaded
+from serve_app.serving.auth import ApiKeys
 from serve_app.serving.http import (
     Ingress,
     error_response,
@@ -75,6 +76,32 @@ async def test_routes_404_and_405_with_allow() -> None:
 async def test_routes_below_a_route_prefix() -> None:
     async with _client(root_path="/images") as client:
         assert (await client.post("/images/v1/echo", content=b"x")).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_a_route_prefix_that_is_a_route_serves_that_route() -> None:
+    # configs/rag-stack.yaml: each model's application sits at its own route on one base URL
+    async with _client(root_path="/v1/echo") as client:
+        ok = await client.post("/v1/echo", content=b"x")
+        assert ok.status_code == 200 and ok.json()["body"] == "x"
+        wrong = await client.get("/v1/echo")
+        assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+        assert (await client.get("/v1/echo/healthz")).status_code == 200
+    async with _client(root_path="/base/v1/echo") as client:  # the same below a base path
+        assert (await client.post("/base/v1/echo", content=b"x")).status_code == 200
+    async with _client(root_path="/images") as client:  # a prefix that is no route: a 404
+        missing = await client.post("/images", content=b"x")
+        assert missing.status_code == 404 and "error" in missing.json()
+
+
+@pytest.mark.anyio
+async def test_the_route_at_its_prefix_needs_a_key_when_keys_are_set() -> None:
+    app = Ingress({"/v1/echo": {"POST": _echo}}, ApiKeys(["k1"]), protected=["/v1/echo"])
+    transport = httpx.ASGITransport(app=app, root_path="/v1/echo")
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        assert (await client.post("/v1/echo", content=b"x")).status_code == 401
+        ok = await client.post("/v1/echo", content=b"x", headers={"authorization": "Bearer k1"})
+        assert ok.status_code == 200
 
 
 def test_route_path_strips_the_root_path() -> None:
