@@ -73,3 +73,18 @@ def test_a_wrong_key_costs_no_model_work(keyed: str) -> None:
     again = httpx.post(url, json=body, headers=bearer(KEYS[1]), timeout=60.0)
     assert again.status_code == 200
     assert batches(keyed, again.headers["x-serve-app-replica"]) >= 1
+
+
+def test_verbose_readiness_needs_a_key(keyed: str) -> None:
+    # The plain probe stays open; the deployments' counts are for key holders.
+    assert httpx.get(f"{keyed}/readyz", timeout=30.0).json().keys() == {
+        "ready",
+        "reason",
+        "degraded",
+    }
+    refused = httpx.get(f"{keyed}/readyz?verbose=1", timeout=30.0)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "missing_api_key"
+    wrong = httpx.get(f"{keyed}/readyz?verbose=1", headers=bearer("nope"), timeout=30.0)
+    assert wrong.status_code == 401
+    ok = httpx.get(f"{keyed}/readyz?verbose=1", headers=bearer(KEYS[0]), timeout=30.0)
+    assert ok.status_code == 200 and ok.json()["deployments"], ok.text
