@@ -251,13 +251,14 @@ def test_body_bytes_in_flight_are_bounded_and_released(image_app: dict[str, Any]
     four_mb = buf.getvalue()  # a real image of about 4.3 MB: it fits alone, not beside 7 MB
     assert MAX_BODY_BYTES + len(four_mb) > MAX_BODY_BYTES_IN_FLIGHT > len(four_mb)
     png = {"content-type": "image/png"}
-    # A slow upload: its declared 7 MB are held from its headers on, while it sends nothing.
+    # A slow upload: its declared 7 MB are held from its headers on, while it sends no more
+    # than its first 100 KB (more than the one buffer HAProxy holds before it forwards).
     slow = socket.create_connection((url.host, url.port))
     try:
         slow.sendall(
             f"POST {url.raw_path.decode()} HTTP/1.1\r\nHost: {url.host}\r\n"
             f"Content-Type: image/png\r\nContent-Length: {MAX_BODY_BYTES}\r\n\r\n".encode()
-            + four_mb[:1000]
+            + four_mb[:100_000]
         )
         deadline = time.monotonic() + 10.0
         while True:
