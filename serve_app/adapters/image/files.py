@@ -2,12 +2,14 @@
 client sees, the request's pixel budget, the CPU path's Pillow decode (JPEGs drafted to the
 size the crop needs) and crop, and which JPEGs nvJPEG may take.
 
-The CPU path (``pillow_crop``) decodes and crops on the request path. The GPU path
-(``encoded_image``) reads only the header (Pillow's ``Image.open`` is lazy) and the JPEG
-markers up to the first scan, a few tens of microseconds, and queues an ``EncodedImage`` for
-the batch (imagedecode.py). Both refuse the same images with the same messages: a format other
-than JPEG or PNG (400), more than ``max_image_pixels`` (413), data Pillow cannot read (400; on
-the GPU path the batch finds it and answers with the same error).
+Every request's headers are read first (``read_headers``; Pillow's ``Image.open`` is lazy), and
+their pixels summed against ``max_request_pixels``, before any decode. The CPU path
+(``crop_opened``) then decodes and crops on the request path. The GPU path also reads the JPEG
+markers up to the first scan, a few tens of microseconds, and queues an ``EncodedImage`` for the
+batch (gpudecode.py) for a JPEG nvJPEG takes. Both refuse the same images with the same
+messages: a format other than JPEG or PNG (400), more than ``max_image_pixels`` (413), data
+Pillow cannot read (400; for a JPEG nvJPEG refuses, from its request's Pillow decode after the
+batch).
 """
 
 from __future__ import annotations
