@@ -74,6 +74,10 @@ EMPTY_QUERY: dict[str, str] = {}
 # `logging_config: {enable_access_log: true}` on the deployment turns it on). Serve's health
 # check (check_health) every 5 s with a 5 s timeout: three failures in a row and Serve replaces
 # the replica (force-stopped); HAProxy takes it out of rotation sooner, on its own check.
+def _redo(output: Any) -> Any:
+    return output.prepare if isinstance(output, Redo) else None
+
+
 @serve.deployment(
     name="model",
     max_ongoing_requests=512,
@@ -254,13 +258,8 @@ class ModelServer:
             decoded = self.model.decode(body, content_type, query)
         else:
             decoded = await asyncio.to_thread(self.model.decode, body, content_type, query)
-        results = await self._batcher.submit(decoded.items)
-        if redo := [i for i, r in enumerate(results) if isinstance(r, Redo)]:
-            # items the batch handed back (contract.Redo): prepared again here, off the
-            # batch thread, and queued again
-            again = await asyncio.to_thread(lambda: [results[i].prepare() for i in redo])
-            for i, out in zip(redo, await self._batcher.submit(again), strict=True):
-                results[i] = out
+        # an item the batch hands back (contract.Redo) is prepared again in a thread, requeued
+        results = await self._batcher.submit_redoing(decoded.items, _redo)
         for r in results:
             if isinstance(r, ItemError):  # an item the batch could not decode: a 4xx first,
                 raise r.error  # as the CPU path, where decoding fails before any batch
