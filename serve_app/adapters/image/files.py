@@ -76,7 +76,7 @@ def image_errors(where: str, max_image_pixels: int) -> Iterator[None]:
 def draft_for_crop(img: Any, size: int) -> None:
     """Let a JPEG decode at 1/2, 1/4 or 1/8 of its size (libjpeg's DCT scaling, through
     Pillow's ``draft``) while its short side stays at least the ``size * 256 / 224`` the crop
-    resizes it to: a 24-megapixel photo then decodes as 1.5 megapixels. Other formats, and
+    resizes it to: a 6000 x 4000 photo then decodes as 750 x 500 at 224. Other formats, and
     JPEGs already near that size, are left as they are."""
     if img.format != "JPEG":
         return
