@@ -148,23 +148,29 @@ def current() -> Readiness:
 
 
 # How long a replica reuses the controller's answer for /readyz: probes come every few seconds,
-# and a burst of unauthenticated calls costs the controller at most one call a second.
+# and a burst of unauthenticated calls costs the controller at most one call a second. A "not
+# ready" is kept a tenth of that: it is the state start-up waits to leave (serve-app run and the
+# start-up benchmark poll /readyz every 0.1 s), so it must not read up to a second late.
 READYZ_MAX_AGE_S = 1.0
+NOT_READY_MAX_AGE_S = 0.1
 
 
 class CachedReadiness:
     """``fetch`` (``current`` by default, blocking: run in a thread) at most once per
     ``max_age_s``, with one call in flight: callers that arrive meanwhile await the same call.
-    Each answer is kept ``max_age_s`` from when it arrived."""
+    Each answer is kept ``max_age_s`` from when it arrived (``not_ready_max_age_s`` when it
+    says not ready)."""
 
     def __init__(
         self,
         fetch: Callable[[], Readiness] = current,
         max_age_s: float = READYZ_MAX_AGE_S,
         clock: Callable[[], float] = time.monotonic,
+        not_ready_max_age_s: float = NOT_READY_MAX_AGE_S,
     ):
         self.fetch = fetch
         self.max_age_s = max_age_s
+        self.not_ready_max_age_s = not_ready_max_age_s
         self.clock = clock
         self.calls = 0  # calls of fetch, for tests and the curious
         self._value: Readiness | None = None
@@ -172,8 +178,11 @@ class CachedReadiness:
         self._pending: asyncio.Future[Readiness] | None = None
 
     async def get(self) -> Readiness:
-        if self._value is not None and self.clock() - self._at_s < self.max_age_s:
-            return self._value
+        value = self._value
+        if value is not None:
+            max_age_s = self.max_age_s if value.ready else self.not_ready_max_age_s
+            if self.clock() - self._at_s < max_age_s:
+                return value
         if self._pending is None:
             self.calls += 1
             self._pending = asyncio.ensure_future(asyncio.to_thread(self.fetch))

@@ -172,3 +172,17 @@ async def test_a_caller_that_goes_does_not_cancel_the_call_the_others_wait_on() 
     gate.set()
     assert (await second).reason == "no application is deployed"
     assert cached.calls == 1
+
+
+@pytest.mark.anyio
+async def test_not_ready_is_kept_only_a_tenth_of_a_second() -> None:
+    now = [0.0]
+    answers = iter([decide({}), decide(details(app={"model": dep("HEALTHY", 1, "RUNNING")}))])
+    cached = CachedReadiness(lambda: next(answers), clock=lambda: now[0])
+    assert not (await cached.get()).ready
+    now[0] = 0.05
+    assert not (await cached.get()).ready and cached.calls == 1
+    now[0] = 0.15  # start-up is waiting: the next probe asks again
+    assert (await cached.get()).ready and cached.calls == 2
+    now[0] = 1.0
+    assert (await cached.get()).ready and cached.calls == 2
