@@ -16,7 +16,7 @@ torch before anything loads; ``serve_app.adapters.family`` picks it by ``args.ad
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,6 +43,16 @@ class Decoded:
     inputs: list[Any]
     meta: dict[str, Any] = field(default_factory=dict)
     items: list[Any] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Redo:
+    """A batch output for an item the batch could not run as it was (a JPEG nvJPEG refused):
+    the replica calls ``prepare`` off the event loop and the batch thread, and queues what it
+    returns in a later batch, so no batch waits on a slow path (it raises a ServeAppError
+    naming the input when the item cannot be served at all)."""
+
+    prepare: Callable[[], Any]
 
 
 class WireSpec(Protocol):
@@ -86,7 +96,7 @@ class ModelBackend(Protocol):
 
     def predict(self, items: Sequence[Any]) -> list[Any]:
         """Run one batch; one output per item, in order (an ``ItemError`` for an item that
-        failed on its own)."""
+        failed on its own, a ``Redo`` for one that must be prepared again)."""
 
     def worst_case_items(self, n: int) -> list[Any]:
         """``n`` items of the largest size a request may carry (for calibration)."""

@@ -215,6 +215,24 @@ class AppArgs(BaseModel):
     )
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1024**3)
     max_image_pixels: int = Field(default=40_000_000, ge=1)
+    # Per-request resource budgets (docs/security.md#per-request-resource-budgets).
+    max_request_pixels: int = Field(
+        default=100_000_000,
+        ge=1,
+        le=10**12,
+        description="Image classification: most pixels one request may make the replica "
+        "decode, summed over its images from their headers before any decode (a JPEG that "
+        "Pillow decodes counts at the reduced size it decodes at); past it, HTTP 413. At "
+        "least max_image_pixels, so that one image of the largest size always fits.",
+    )
+    max_body_bytes_in_flight: int = Field(
+        default=256 * 1024 * 1024,
+        ge=1024,
+        le=64 * 1024**3,
+        description="Most request-body bytes a replica holds at once, from reading a body "
+        "until its response: a body larger than this gets HTTP 413; one that would pass it "
+        "while others hold it gets HTTP 503 with Retry-After, before it is read.",
+    )
     image_size: int = Field(default=224, ge=16, le=4096)
     image_decode: Literal["auto", "cpu", "gpu"] = Field(
         default="auto",
@@ -278,6 +296,14 @@ class AppArgs(BaseModel):
                 f"max_queued_items ({self.max_queued_items}) is smaller than "
                 f"max_inputs_per_request ({self.max_inputs_per_request}): a full request could "
                 "never be queued; raise max_queued_items or lower max_inputs_per_request"
+            )
+        if self.adapter == "image-classification" and (
+            self.max_request_pixels < self.max_image_pixels
+        ):
+            raise ValueError(
+                f"max_request_pixels ({self.max_request_pixels}) is smaller than "
+                f"max_image_pixels ({self.max_image_pixels}): an image of the largest accepted "
+                "size could never be served; raise max_request_pixels or lower max_image_pixels"
             )
         if self.queue_deadline_s > self.request_timeout_s:
             raise ValueError(

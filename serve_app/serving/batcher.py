@@ -174,6 +174,20 @@ class Batcher(Generic[T, R]):
             self._forget(req)
             raise
 
+    async def submit_redoing(
+        self, items: Sequence[T], redo: Callable[[R], Callable[[], T] | None]
+    ) -> list[R]:
+        """``submit``, then each output that ``redo`` maps to a callable (a ``contract.Redo``'s
+        ``prepare``: an item the batch handed back) is replaced by the output of what the
+        callable returns, run in a thread (never the model's) and submitted once more."""
+        outputs = await self.submit(items)
+        again = [(i, fn) for i, out in enumerate(outputs) if (fn := redo(out)) is not None]
+        if again:
+            prepared = await asyncio.to_thread(lambda: [fn() for _, fn in again])
+            for (i, _), out in zip(again, await self.submit(prepared), strict=True):
+                outputs[i] = out
+        return outputs
+
     def _forget(self, req: _Request) -> None:
         """Take a request's untaken items out of the count (once)."""
         if req.counted:

@@ -30,6 +30,7 @@ from serve_app.errors import (
     InferenceError,
     MethodNotAllowed,
     NotFound,
+    Overloaded,
     PayloadTooLarge,
     RequestTimeout,
     ServeAppError,
@@ -64,8 +65,63 @@ def error_response(err: ServeAppError, headers: Mapping[str, str] | None = None)
     return json_response(err.to_json(), err.status_code, own or None)
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The request body, refusing more than ``max_bytes`` before or while reading it."""
+class BodyBytes:
+    """The request-body bytes a replica holds at once, from reading a body until its response,
+    bounded by ``limit_bytes`` (args.max_body_bytes_in_flight): the queue bounds items, and
+    512 requests of 8 MiB bodies, joined once more when read, would be several GiB. A body
+    larger than the bound gets a 413; one that would pass it while others hold it gets a 503
+    with ``retry_after_s()``, as a full queue does (batcher.check_room)."""
+
+    def __init__(self, limit_bytes: int, retry_after_s: Callable[[], int] = lambda: 1):
+        self.limit_bytes = limit_bytes
+        self.held_bytes = 0
+        self.refused_requests = 0
+        self._retry_after_s = retry_after_s
+
+    def hold(self) -> BodyHold:
+        """A request's share, grown as its body arrives; release it on every path."""
+        return BodyHold(self)
+
+    def _reserve(self, more_bytes: int, body_bytes: int) -> None:
+        if body_bytes > self.limit_bytes:
+            raise PayloadTooLarge(
+                f"request body is {body_bytes} bytes; this replica holds at most "
+                f"{self.limit_bytes} bytes of bodies at once (args.max_body_bytes_in_flight)"
+            )
+        if self.held_bytes + more_bytes > self.limit_bytes:
+            self.refused_requests += 1
+            raise Overloaded(
+                f"this replica holds {self.held_bytes} bytes of request bodies; at most "
+                f"{self.limit_bytes} (args.max_body_bytes_in_flight); retry later or add "
+                "replicas",
+                retry_after_s=self._retry_after_s(),
+                code="body_bytes_in_flight",
+            )
+        self.held_bytes += more_bytes
+
+
+class BodyHold:
+    """One request's bytes in a ``BodyBytes``."""
+
+    __slots__ = ("budget", "held_bytes")
+
+    def __init__(self, budget: BodyBytes):
+        self.budget = budget
+        self.held_bytes = 0
+
+    def grow_to(self, body_bytes: int) -> None:
+        if body_bytes > self.held_bytes:
+            self.budget._reserve(body_bytes - self.held_bytes, body_bytes)
+            self.held_bytes = body_bytes
+
+    def release(self) -> None:
+        self.budget.held_bytes -= self.held_bytes
+        self.held_bytes = 0
+
+
+async def read_body(request: Request, max_bytes: int, hold: BodyHold | None = None) -> bytes:
+    """The request body, refusing more than ``max_bytes`` before or while reading it; with
+    ``hold``, its bytes are held there (the declared length before a byte is read)."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -76,12 +132,16 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
             raise PayloadTooLarge(
                 f"request body is {declared_bytes} bytes; at most {max_bytes} (args.max_body_bytes)"
             )
+        if hold is not None:
+            hold.grow_to(declared_bytes)
     chunks = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > max_bytes:
             raise PayloadTooLarge(f"request body exceeds {max_bytes} bytes (args.max_body_bytes)")
+        if hold is not None:
+            hold.grow_to(size)
         chunks.append(chunk)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 

@@ -92,8 +92,9 @@ _STATUS_TEXT = {
     413: "Body or one of its inputs too large",
     415: "Unsupported Content-Type",
     500: "Inference failed (the body carries an error id)",
-    503: "Overloaded: the replica's queue is full (args.max_queued_items) or the request "
-    "waited longer than args.queue_deadline_s; retry after Retry-After seconds",
+    503: "Overloaded: the replica's queue is full (args.max_queued_items), it holds as many "
+    "body bytes as it may (args.max_body_bytes_in_flight), or the request waited longer than "
+    "args.queue_deadline_s; retry after Retry-After seconds",
     504: "Not answered within args.request_timeout_s; the request's work was dropped",
     507: "An input does not fit in the replica's GPU memory even alone",
 }
@@ -172,7 +173,7 @@ def build_openapi(
             "in": "query",
             "required": False,
             "description": "1 (any value but empty, 0 or false): list every deployment "
-            "with its replica counts",
+            "with its replica counts (needs an API key when keys are set: 401 without one)",
             "schema": {"type": "string"},
         }
     ]

@@ -9,12 +9,18 @@ that lost one replica of four still serves, so a load balancer or Kubernetes mus
 it traffic (Serve replaces the replica meanwhile). A deployment is *degraded* when it runs
 fewer replicas than its target, is UNHEALTHY or DEPLOY_FAILED, or is UPDATING; degraded does
 not mean unready, and ``GET /readyz?verbose=1`` lists it with its counts.
+
+``/readyz`` is open to anyone who reaches the port (probes carry no key), so each replica
+answers it from ``CachedReadiness``: at most one call to the Serve controller in flight, and
+its answer reused for ``READYZ_MAX_AGE_S``, however many probes arrive.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -139,3 +145,52 @@ def current() -> Readiness:
     except Exception as exc:  # noqa: BLE001 - any failure to read the status means "not ready"
         return Readiness(False, f"cannot read Serve's status: {type(exc).__name__}: {exc}", [])
     return decide(details)
+
+
+# How long a replica reuses the controller's answer for /readyz: probes come every few seconds,
+# and a burst of unauthenticated calls costs the controller at most one call a second. A "not
+# ready" is kept a tenth of that: it is the state start-up waits to leave (serve-app run and the
+# start-up benchmark poll /readyz every 0.1 s), so it must not read up to a second late.
+READYZ_MAX_AGE_S = 1.0
+NOT_READY_MAX_AGE_S = 0.1
+
+
+class CachedReadiness:
+    """``fetch`` (``current`` by default, blocking: run in a thread) at most once per
+    ``max_age_s``, with one call in flight: callers that arrive meanwhile await the same call.
+    Each answer is kept ``max_age_s`` from when it arrived (``not_ready_max_age_s`` when it
+    says not ready)."""
+
+    def __init__(
+        self,
+        fetch: Callable[[], Readiness] = current,
+        max_age_s: float = READYZ_MAX_AGE_S,
+        clock: Callable[[], float] = time.monotonic,
+        not_ready_max_age_s: float = NOT_READY_MAX_AGE_S,
+    ):
+        self.fetch = fetch
+        self.max_age_s = max_age_s
+        self.not_ready_max_age_s = not_ready_max_age_s
+        self.clock = clock
+        self.calls = 0  # calls of fetch, for tests and the curious
+        self._value: Readiness | None = None
+        self._at_s = 0.0
+        self._pending: asyncio.Future[Readiness] | None = None
+
+    async def get(self) -> Readiness:
+        value = self._value
+        if value is not None:
+            max_age_s = self.max_age_s if value.ready else self.not_ready_max_age_s
+            if self.clock() - self._at_s < max_age_s:
+                return value
+        if self._pending is None:
+            self.calls += 1
+            self._pending = asyncio.ensure_future(asyncio.to_thread(self.fetch))
+            self._pending.add_done_callback(self._store)
+        # shield: a caller that goes (a probe's timeout) does not cancel the others' call
+        return await asyncio.shield(self._pending)
+
+    def _store(self, done: asyncio.Future[Readiness]) -> None:
+        self._pending = None
+        if not done.cancelled() and done.exception() is None:
+            self._value, self._at_s = done.result(), self.clock()

@@ -1,7 +1,7 @@
 """JPEG decoding on the GPU (nvJPEG through torchvision) against the CPU path (Pillow), in-process.
 
-1. The adapter on a GPU picks the GPU path (``image_decode: auto``) and decodes inline;
-   ``image_decode: cpu`` keeps Pillow.
+1. The adapter on a GPU picks the GPU path (``image_decode: auto``), never on the event loop
+   (a small body may hold a large PNG); ``image_decode: cpu`` keeps Pillow.
 2. Crops: for JPEGs of several sizes and kinds (4:2:0, 4:2:2, 4:4:4, progressive, greyscale, a
    tall strip, smaller than the crop, two of one size), the GPU path's crops against the CPU
    path's: the resize alone is exact (resizing nvJPEG's own pixels on the GPU equals Pillow's
@@ -9,17 +9,19 @@
    chroma upsampling do. Tolerance, per image: mean |difference| <= 2 levels (the bound
    torchvision's own test sets for nvJPEG against libjpeg on full-size decodes) and 99.9 % of
    values within 12 levels.
-   A CMYK JPEG takes the Pillow route and must be identical.
+   A CMYK JPEG takes the Pillow route (in ``prepare``, before the batch) and must be identical.
+   The CPU reference decodes every pixel (no ``draft``), as nvJPEG does.
 3. Logits: the fp16 classifier on both sets of crops: max |logit difference| <= 2 % of the
    largest |logit|; probabilities within 5 % of the top one; the same top class or one the
    other run scores within 2 % of its own top (the CUDA graph test's fp16 tolerance).
-4. Bad images in a batch: an image nvJPEG refuses goes to Pillow; one Pillow refuses too gets an
-   ``ItemError`` with the CPU path's 400 for its own request; every other item is answered.
+4. Bad images: one only Pillow takes and Pillow refuses fails its request in ``prepare``; in a
+   batch, an image nvJPEG refuses comes back as a ``Redo`` (Pillow, off the batch) whose Pillow
+   decode gives the CPU path's 400 when it cannot read it either; every other item is answered.
 5. Memory, in a fresh process as at start-up: ``measure_decoder_bytes`` (nvJPEG's cudaMalloc
    buffers, outside the torch cap), then the decoder's worst-case work; what the process holds
    outside torch afterwards, and at any sampled moment, stays within that figure. Images nvJPEG
    refuses (if its hardware path will not take 6,324 x 6,324, say) are recorded, not failed:
-   they go to Pillow.
+   they come back as a ``Redo``.
 6. Calibration's worst-case items (a 6,324 x 6,324 JPEG first) run through ``predict``.
 
 Writes ``image_decode_gpu.json`` under ``$SERVE_APP_RESULTS_DIR`` (default
@@ -48,7 +50,7 @@ from PIL import Image
 
 pytest.importorskip("torchvision.io")
 
-from serve_app.adapters.contract import Model  # noqa: E402
+from serve_app.adapters.contract import Model, Redo  # noqa: E402
 from serve_app.adapters.image import build  # noqa: E402
 from serve_app.adapters.image.decoder_memory import (  # noqa: E402
     DecoderMemory,
@@ -56,7 +58,9 @@ from serve_app.adapters.image.decoder_memory import (  # noqa: E402
 )
 from serve_app.adapters.image.files import (  # noqa: E402
     EncodedImage,
+    crop_opened,
     encoded_image,
+    open_header,
     pillow_crop,
     synthetic_jpeg,
     worst_case_size,
@@ -64,7 +68,7 @@ from serve_app.adapters.image.files import (  # noqa: E402
 from serve_app.adapters.image.gpudecode import GpuJpegDecoder, nvjpeg_decoder  # noqa: E402
 from serve_app.adapters.image.resize import crop_box, resize_crops  # noqa: E402
 from serve_app.config.args import parse_args  # noqa: E402
-from serve_app.errors import BadRequest, ItemError  # noqa: E402
+from serve_app.errors import BadRequest, ServeAppError  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -162,10 +166,16 @@ def crops(adapter: Model) -> dict[str, Any]:
     """The cases through both paths: the GPU path's items and crops, the CPU path's crops."""
     blobs = [blob for _, blob, _ in CASES]
     items = adapter.decode(json_body(blobs), "application/json", {}).items
-    gpu_crops, errors = adapter.backend._gpu_batch(items)
+    gpu_crops, redo = adapter.backend._gpu_batch(items)
     torch.cuda.synchronize(DEVICE)
-    cpu_crops = np.stack([pillow_crop(b, i, SIZE, MAX_PIXELS) for i, b in enumerate(blobs)])
-    return {"items": items, "gpu": gpu_crops, "errors": errors, "cpu": cpu_crops}
+    cpu_crops = np.stack([full_pillow_crop(b, i) for i, b in enumerate(blobs)])
+    return {"items": items, "gpu": gpu_crops, "redo": redo, "cpu": cpu_crops}
+
+
+def full_pillow_crop(blob: bytes, index: int) -> np.ndarray:
+    """The CPU path's crop from every pixel (no draft), as nvJPEG decodes them."""
+    where = f"input[{index}]"
+    return crop_opened(open_header(blob, where, MAX_PIXELS), where, SIZE, MAX_PIXELS)
 
 
 def test_adapter_on_a_gpu_decodes_jpegs_there(adapter: Model, results_dir: Path) -> None:
@@ -179,7 +189,7 @@ def test_adapter_on_a_gpu_decodes_jpegs_there(adapter: Model, results_dir: Path)
             "cpu": cpu_only.backend.describe()["image_decode"],
         },
     )
-    assert adapter.decode_inline is True and adapter.backend.describe()["image_decode"] == "gpu"
+    assert adapter.decode_inline is False and adapter.backend.describe()["image_decode"] == "gpu"
     assert cpu_only.decode_inline is False and cpu_only.backend.describe()["image_decode"] == "cpu"
     (item,) = cpu_only.decode(CASES[0][1], "image/jpeg", {}).items
     assert isinstance(item, np.ndarray) and item.shape == (SIZE, SIZE, 3)
@@ -194,7 +204,7 @@ def test_gpu_crops_match_the_cpu_path(
     for i, (name, blob, on_gpu) in enumerate(CASES):
         d = np.abs(gpu[i].astype(np.int16) - cpu[i].astype(np.int16))
         entry: dict[str, Any] = {
-            "nvjpeg": items[i].gpu,
+            "nvjpeg": isinstance(items[i], EncodedImage),
             "crop_mean_abs": float(d.mean()),
             "crop_p999_abs": float(np.percentile(d, 99.9)),
             "crop_max_abs": int(d.max()),
@@ -222,10 +232,10 @@ def test_gpu_crops_match_the_cpu_path(
             )
         stats[name] = entry
     record(results_dir, "crops", stats)
-    assert crops["errors"] == {}
+    assert crops["redo"] == {}
     for (name, _, on_gpu), item in zip(CASES, items, strict=True):
         entry = stats[name]
-        assert isinstance(item, EncodedImage) and item.gpu == on_gpu, name
+        assert isinstance(item, EncodedImage) == on_gpu, name
         if on_gpu:
             assert entry["crop_mean_abs"] <= CROP_MEAN_MAX, (name, entry)
             assert entry["crop_p999_abs"] <= CROP_P999_MAX, (name, entry)
@@ -268,8 +278,15 @@ def test_bad_images_fail_their_own_request_only(adapter: Model, results_dir: Pat
     whole = good[1]
     broken = bytearray(whole)
     broken[broken.index(b"\xff\xc0") + 11] = 0x00  # luma sampling 0 x 0: libjpeg refuses
-    first = adapter.decode(json_body([good[0], bytes(broken), good[2]]), "", {}).items
-    second = adapter.decode(whole[: len(whole) // 2], "image/jpeg", {}).items  # truncated
+    for body, index in (
+        (json_body([good[0], bytes(broken), good[2]]), 1),
+        (whole[: len(whole) // 2], 0),
+    ):
+        # only Pillow takes these (sampling 0 x 0; no end marker): it refuses them in prepare
+        with pytest.raises(BadRequest) as info:
+            adapter.decode(body, "application/json" if index else "image/jpeg", {})
+        assert info.value.param == f"input[{index}]"
+    first = adapter.decode(json_body([good[0], good[2]]), "", {}).items
     png = encode(scene((90, 70), 12), "PNG")
     by_hand = [
         # Past any header check, to make nvJPEG itself refuse the chunk: Pillow cannot read the
@@ -277,25 +294,24 @@ def test_bad_images_fail_their_own_request_only(adapter: Model, results_dir: Pat
         EncodedImage(b"\xff\xd8" + bytes(64), 5, 64, 48, gpu=True),
         EncodedImage(png, 6, 90, 70, gpu=True),
     ]
-    items = [*first, *second, *by_hand]
-    assert [x.gpu for x in items] == [True, False, True, False, True, True]
+    items = [*first, *by_hand]
+    assert [x.gpu for x in items] == [True, True, True, True]
     assert adapter.backend._gpu is not None
     fallbacks = adapter.backend._gpu.fallbacks
     outputs = adapter.backend.predict(items)
     refused = adapter.backend._gpu.fallbacks - fallbacks
-    errors = {i: o.error.to_json() for i, o in enumerate(outputs) if isinstance(o, ItemError)}
-    record(results_dir, "bad_images", {"errors": errors, "nvjpeg_refused": refused})
-    assert sorted(errors) == [1, 3, 4]
-    for slot, index in ((1, 1), (3, 0), (4, 5)):
-        expected = BadRequest(
-            f"'input[{index}]' is not a readable JPEG or PNG image", param=f"input[{index}]"
-        )
-        assert errors[slot] == expected.to_json(), slot
+    assert isinstance(outputs[2], Redo) and isinstance(outputs[3], Redo)
+    with pytest.raises(ServeAppError) as info:
+        outputs[2].prepare()
+    record(results_dir, "bad_images", {"error": info.value.to_json(), "nvjpeg_refused": refused})
+    expected = BadRequest("'input[5]' is not a readable JPEG or PNG image", param="input[5]")
+    assert info.value.to_json() == expected.to_json()
     assert refused == 2  # the garbage and the PNG
+    (png_out,) = adapter.backend.predict([outputs[3].prepare()])  # Pillow, off the batch
     cpu = [pillow_crop(b, 0, SIZE, MAX_PIXELS) for b in (good[0], good[2], png)]
     alone = adapter.backend.predict(cpu)
-    for got, want in zip([outputs[0], outputs[2], outputs[5]], alone, strict=True):
-        assert not isinstance(got, ItemError)
+    for got, want in zip([outputs[0], outputs[1], png_out], alone, strict=True):
+        assert not isinstance(got, Redo)
         pg, pc = full_probs(got), full_probs(want)
         assert np.abs(pg - pc).max() <= 0.05 * pc.max()
 
@@ -322,7 +338,7 @@ def test_calibration_items_run_through_predict(adapter: Model, results_dir: Path
         },
     )
     assert (items[0].width, items[0].height) == (6324, 6324)
-    assert len(outputs) == 3 and not any(isinstance(o, ItemError) for o in outputs)
+    assert len(outputs) == 3 and not any(isinstance(o, Redo) for o in outputs)
 
 
 def test_throughput_against_pillow(adapter: Model, results_dir: Path) -> None:

@@ -102,3 +102,18 @@ def test_a_replica_with_an_empty_key_file_never_serves(cluster, tmp_path) -> Non
         assert resp.status_code != 200
     finally:
         serve.delete("emptykeys")
+
+
+def test_verbose_readiness_needs_a_key(keyed: str) -> None:
+    # The plain probe stays open; the deployments' counts are for key holders.
+    assert httpx.get(f"{keyed}/readyz", timeout=30.0).json().keys() == {
+        "ready",
+        "reason",
+        "degraded",
+    }
+    refused = httpx.get(f"{keyed}/readyz?verbose=1", timeout=30.0)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "missing_api_key"
+    wrong = httpx.get(f"{keyed}/readyz?verbose=1", headers=bearer("nope"), timeout=30.0)
+    assert wrong.status_code == 401
+    ok = httpx.get(f"{keyed}/readyz?verbose=1", headers=bearer(KEYS[0]), timeout=30.0)
+    assert ok.status_code == 200 and ok.json()["deployments"], ok.text

@@ -121,6 +121,15 @@ def test_too_long_input_is_400_not_truncated(emb: str) -> None:
     assert err["code"] == "input_too_long" and "at most 256" in err["message"]
 
 
+def test_text_past_the_character_bound_is_400_before_tokenizing(emb: str) -> None:
+    # 20,000 characters, a token each: past 256 tokens x 32 characters, refused uncounted
+    resp = embed(emb, ["ok", "!" * 20_000])
+    assert resp.status_code == 400
+    err = resp.json()["error"]
+    assert (err["code"], err["param"]) == ("input_too_long", "input[1]")
+    assert "at most 8192 characters" in err["message"], err
+
+
 def test_body_over_limit_is_413(emb: str) -> None:
     resp = embed(emb, ["x" * 70000])
     assert resp.status_code == 413

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
+import socket
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -23,7 +28,10 @@ from serve_app.adapters.image.resnet import build_resnet
 APP = "image-http"
 PREFIX = "/img"
 TOP_K = 3
-MAX_BODY_BYTES = 200_000
+# Room for 128 greyscale PNGs of 6324 x 6324 (about 40 KB each, 6.6 MB in base64 JSON).
+MAX_BODY_BYTES = 7_000_000
+# One body of MAX_BODY_BYTES and one of 4 MB pass it together.
+MAX_BODY_BYTES_IN_FLIGHT = 10_000_000
 
 
 def encode_image(fmt: str, color: tuple[int, int, int], size: tuple[int, int] = (80, 60)) -> bytes:
@@ -54,6 +62,7 @@ def image_app(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "image_size": 64,
         "top_k": TOP_K,
         "max_body_bytes": MAX_BODY_BYTES,
+        "max_body_bytes_in_flight": MAX_BODY_BYTES_IN_FLIGHT,
         "max_batch_size": 8,
     }
     base = cluster.deploy(APP, PREFIX, args, ray_actor_options={"num_cpus": 0.5})
@@ -154,8 +163,8 @@ def test_oversized_body_is_413_json(image_app: dict[str, Any]) -> None:
 def test_oversized_chunked_body_is_413_json(image_app: dict[str, Any]) -> None:
     # No Content-Length: the limit applies while the body streams in.
     def chunks() -> Iterator[bytes]:
-        for _ in range(5):
-            yield b"\x00" * 60_000
+        for _ in range(MAX_BODY_BYTES // 600_000 + 2):
+            yield b"\x00" * 600_000
 
     resp = classify(image_app["base"], content=chunks(), headers={"content-type": "image/png"})
     assert_json_error(resp, 413)
@@ -201,6 +210,75 @@ def test_weights_file_is_used(image_app: dict[str, Any], tmp_path: Path) -> None
     top = resp.json()["data"][0]["top_k"]
     assert [t["class_id"] for t in top] == [int(i) for i in ids[:TOP_K]]
     assert all(abs(t["score"] - float(s)) < 1e-4 for t, s in zip(top, scores, strict=False))
+
+
+def huge_grey_png() -> bytes:
+    """6324 x 6324 greyscale, one value: about 40 KB, 39,992,976 pixels (just under the
+    default args.max_image_pixels). Issue 25: 128 of them took 21 s of CPU to decode."""
+    buf = io.BytesIO()
+    Image.new("L", (6324, 6324), 0).save(buf, format="PNG", optimize=True)
+    return buf.getvalue()
+
+
+def test_128_huge_pngs_are_refused_fast_and_a_neighbour_is_served(
+    image_app: dict[str, Any],
+) -> None:
+    base = image_app["base"]
+    body = json.dumps({"input": [base64.b64encode(huge_grey_png()).decode()] * 128}).encode()
+    assert len(body) < MAX_BODY_BYTES
+    neighbour_body = {
+        "input": [base64.b64encode(encode_image("JPEG", (i, 80, 200))).decode() for i in range(8)]
+    }
+    with ThreadPoolExecutor(1) as pool:
+        neighbour = pool.submit(classify, base, json=neighbour_body)  # in flight meanwhile
+        started = time.perf_counter()
+        resp = classify(base, content=body, headers={"content-type": "application/json"})
+        took_s = time.perf_counter() - started
+        beside = neighbour.result()
+    err = assert_json_error(resp, 413)
+    assert err["code"] == "request_pixels_exceeded" and "args.max_request_pixels" in err["message"]
+    assert took_s < 1.0, took_s  # from the headers: decoding them took 21 s of CPU
+    assert beside.status_code == 200, beside.text[:500]
+    assert len(beside.json()["data"]) == 8
+
+
+def test_body_bytes_in_flight_are_bounded_and_released(image_app: dict[str, Any]) -> None:
+    base = image_app["base"]
+    url = httpx.URL(f"{base}/v1/classify")
+    noise = np.random.default_rng(0).integers(0, 256, (1200, 1200, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(noise).save(buf, format="PNG")
+    four_mb = buf.getvalue()  # a real image of about 4.3 MB: it fits alone, not beside 7 MB
+    assert MAX_BODY_BYTES + len(four_mb) > MAX_BODY_BYTES_IN_FLIGHT > len(four_mb)
+    png = {"content-type": "image/png"}
+    # A slow upload: its declared 7 MB are held from its headers on, while it sends no more
+    # than its first 100 KB (more than the one buffer HAProxy holds before it forwards).
+    slow = socket.create_connection((url.host, url.port))
+    try:
+        slow.sendall(
+            f"POST {url.raw_path.decode()} HTTP/1.1\r\nHost: {url.host}\r\n"
+            f"Content-Type: image/png\r\nContent-Length: {MAX_BODY_BYTES}\r\n\r\n".encode()
+            + four_mb[:100_000]
+        )
+        deadline = time.monotonic() + 10.0
+        while True:
+            resp = classify(base, content=four_mb, headers=png)
+            if resp.status_code == 503 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        err = assert_json_error(resp, 503)
+        assert err["code"] == "body_bytes_in_flight", err
+        assert "args.max_body_bytes_in_flight" in err["message"]
+        assert int(resp.headers["retry-after"]) >= 1
+        small = classify(base, content=encode_image("PNG", (5, 5, 5)), headers=png)
+        assert small.status_code == 200, small.text[:300]  # small bodies still fit beside it
+    finally:
+        slow.close()  # a client that goes: its bytes are released with its request
+    deadline = time.monotonic() + 10.0
+    while (resp := classify(base, content=four_mb, headers=png)).status_code == 503:
+        assert time.monotonic() < deadline, resp.text[:300]
+        time.sleep(0.1)
+    assert resp.status_code == 200, resp.text[:300]
 
 
 def test_replica_healthy_after_bad_requests(image_app: dict[str, Any]) -> None:

@@ -56,6 +56,12 @@ def resolve_dir(args: AppArgs) -> Path:
     )
 
 
+# A text longer than max_tokens x this many characters is refused before it is tokenized: the
+# tokenizer's cost grows with the characters, and English runs about 4 characters a token
+# (long words, URLs and indentation more), so 32 leaves room for any text that fits.
+MAX_CHARS_PER_TOKEN = 32
+
+
 class Tokenization:
     """The directory's Rust tokenizer (tokenizer.json, read without transformers' AutoTokenizer,
     whose import cost seconds of a replica's start) with truncation and padding off: a
@@ -97,12 +103,33 @@ class Tokenization:
         found = self.tokenizer.token_to_id(token) if isinstance(token, str) else None
         return int(found) if found is not None else default
 
+    @property
+    def max_chars(self) -> int:
+        """The longest text tokenized at all: ``max_tokens x MAX_CHARS_PER_TOKEN`` characters."""
+        return self.max_tokens * MAX_CHARS_PER_TOKEN
+
+    def check_chars(self, texts: list[str]) -> None:
+        """BadRequest for the first text longer than ``max_chars``, before any tokenizing."""
+        limit = self.max_chars
+        for i, text in enumerate(texts):
+            if len(text) > limit:
+                raise BadRequest(
+                    f"'input[{i}]' is {len(text)} characters; this model accepts at most "
+                    f"{self.max_tokens} tokens (args.max_input_tokens), so at most {limit} "
+                    f"characters ({MAX_CHARS_PER_TOKEN} a token) are tokenized: shorten or "
+                    "split it",
+                    param=f"input[{i}]",
+                    code="input_too_long",
+                )
+
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text (special tokens added).
 
         Raises:
-            BadRequest: a text is longer than ``max_tokens`` (code ``input_too_long``).
+            BadRequest: a text is longer than ``max_tokens``, or longer than ``max_chars``
+                before tokenizing (code ``input_too_long``).
         """
+        self.check_chars(texts)
         encoded = [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=True)]
         for i, ids in enumerate(encoded):
             if len(ids) > self.max_tokens:

@@ -1,10 +1,14 @@
 """The image classification backend (default: ResNet-50; any torchvision classifier by name).
 Weights load from a local safetensors file, or a ``torch.load(weights_only=True)`` file.
 
-Two decode paths give the same crops: on the CPU path ``prepare`` decodes with Pillow on the
-request path; on the GPU path (``image_decode``, gpudecode.py) it only reads the headers, with
-the same checks and errors, and ``predict`` decodes the batch's JPEGs with nvJPEG and crops them
-on the GPU exactly as Pillow would (resize.py).
+Two decode paths: on the CPU path ``prepare`` decodes with Pillow on the request path; on the
+GPU path (``image_decode``, gpudecode.py) it decodes with Pillow only what nvJPEG does not take
+(PNG, CMYK), and ``predict`` decodes the batch's JPEGs with nvJPEG and crops them on the GPU
+exactly as Pillow would (resize.py). Either way every header is read, and the request's pixels
+summed against ``max_request_pixels``, before any pixel is decoded (files.read_headers); Pillow
+decodes a large JPEG at the reduced size the crop needs (files.draft_for_crop), so the two paths'
+crops of such a JPEG differ by that reduction. Pillow never runs inside ``predict``: a JPEG that
+nvJPEG refuses in a batch comes back as a ``Redo`` for its request to decode off the batch.
 """
 
 from __future__ import annotations
@@ -13,26 +17,28 @@ import functools
 import logging
 import os
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from serve_app.adapters.contract import load_state_dict, pow2_sizes, resolve_dtype
+from serve_app.adapters.contract import Redo, load_state_dict, pow2_sizes, resolve_dtype
 from serve_app.adapters.image.decoder_memory import use_gpu_decode
 from serve_app.adapters.image.files import (
     EncodedImage,
-    encoded_image,
+    ImageHeader,
+    crop_opened,
     pillow_crop,
+    read_headers,
     synthetic_jpeg,
     worst_case_size,
 )
 from serve_app.adapters.image.gpudecode import GpuJpegDecoder
 from serve_app.adapters.image.resnet import ARCHS, build_resnet
 from serve_app.config.args import AppArgs
-from serve_app.errors import ConfigError, ItemError, ServeAppError
+from serve_app.errors import ConfigError
 from serve_app.gpu.graphs import GraphMemory, GraphSet, bucket_for, graph_batch_sizes
 
 logger = logging.getLogger("serve_app")
@@ -68,6 +74,10 @@ def to_model_input(
     x = ((x / 255.0) - mean) / std
     fmt = torch.channels_last if device.type == "cuda" else torch.contiguous_format
     return x.to(dtype).contiguous(memory_format=fmt)
+
+
+def _where(item: EncodedImage) -> tuple[bytes, int]:
+    return item.data, item.index
 
 
 def _as_tensor(crop: np.ndarray) -> torch.Tensor:
@@ -112,7 +122,9 @@ def build_model(arch: str) -> tuple[torch.nn.Module, list[str] | None]:
 class ImageClassifier:
     """Top-k scores for JPEG/PNG images."""
 
-    prepare_inline = False  # True once setup picks the GPU path: prepare then reads headers only
+    # Never on the event loop: even a small body can hold a PNG of millions of pixels, which
+    # prepare decodes on either path.
+    prepare_inline = False
 
     def __init__(self, args: AppArgs):
         self.args = args
@@ -164,21 +176,41 @@ class ImageClassifier:
         if gpu_decode:
             self._gpu = GpuJpegDecoder(device, self.args.image_size)
             self._pool()  # now, not lazily from two threads at once
-            self.prepare_inline = True
             logger.info("image_decode: JPEGs decode on %s with nvJPEG, in batches", device)
 
     def prepare(self, inputs: Sequence[Any]) -> list[Any]:
-        """Each image's crop (CPU path: Pillow, in threads for several), or its header read into
-        an ``EncodedImage`` (GPU path: ``predict`` decodes the batch); BadRequest or
-        PayloadTooLarge for an image that cannot be served, naming ``input[i]``."""
+        """Every header first (the request's pixel budget: files.read_headers), then each
+        image's crop from Pillow (in threads for several), or, for a JPEG nvJPEG takes on the GPU
+        path, an ``EncodedImage`` that ``predict`` decodes with the batch. BadRequest or
+        PayloadTooLarge for an image, or a request, that cannot be served."""
         blobs = list(inputs)
-        if self._gpu is not None:
-            limit = self.args.max_image_pixels
-            return [encoded_image(blob, i, limit) for i, blob in enumerate(blobs)]
-        if len(blobs) > 1 and DECODE_THREADS > 1:
+        args = self.args
+        headers = read_headers(
+            blobs,
+            args.image_size,
+            args.max_image_pixels,
+            args.max_request_pixels,
+            gpu_path=self._gpu is not None,
+        )
+        items: list[Any] = [
+            EncodedImage(blobs[h.index], h.index, h.image.width, h.image.height, gpu=True)
+            if h.gpu
+            else None
+            for h in headers
+        ]
+        pillow = [h for h in headers if not h.gpu]
+        if len(pillow) > 1 and DECODE_THREADS > 1:
             # map() yields in order, so the first bad image by index is the one reported
-            return list(self._pool().map(self._preprocess, blobs, range(len(blobs))))
-        return [self._preprocess(blob, i) for i, blob in enumerate(blobs)]
+            crops = list(self._pool().map(self._crop, pillow))
+        else:
+            crops = [self._crop(h) for h in pillow]
+        for h, crop in zip(pillow, crops, strict=True):
+            items[h.index] = crop
+        return items
+
+    def _crop(self, header: ImageHeader) -> np.ndarray:
+        where = f"input[{header.index}]"
+        return crop_opened(header.image, where, self.args.image_size, self.args.max_image_pixels)
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._decode_pool is None:
@@ -213,27 +245,28 @@ class ImageClassifier:
         return graphs
 
     def predict(self, items: Sequence[Any]) -> list[Any]:
-        """Top-k scores per item, or an ``ItemError`` for an image that failed to decode here
-        (GPU path); items are HWC uint8 crops (CPU path) or ``EncodedImage`` (GPU path)."""
+        """Top-k scores per item, or a ``Redo`` for an image the GPU path left to Pillow
+        (nvJPEG refused it); items are HWC uint8 crops or ``EncodedImage`` (GPU path)."""
         assert self.model is not None, "setup() must run before predict()"
-        errors: dict[int, ItemError] = {}
+        redo: dict[int, Redo] = {}
         if self._gpu is not None and any(isinstance(x, EncodedImage) for x in items):
-            batch_u8, errors = self._gpu_batch(items)
+            batch_u8, redo = self._gpu_batch(items)
         else:
             batch_u8 = torch.from_numpy(np.stack(items))
-        if not errors:
+        if not redo:
             return self._classify(batch_u8)
-        keep = [i for i in range(len(items)) if i not in errors]
+        keep = [i for i in range(len(items)) if i not in redo]
         scored = iter(self._classify(batch_u8[keep]) if keep else [])
-        return [errors[i] if i in errors else next(scored) for i in range(len(items))]
+        return [redo[i] if i in redo else next(scored) for i in range(len(items))]
 
-    def _gpu_batch(self, items: Sequence[Any]) -> tuple[torch.Tensor, dict[int, ItemError]]:
-        """The batch's crops on the device: nvJPEG for the JPEGs it takes, Pillow (on the
-        decode threads, meanwhile) for the rest and for what nvJPEG refused."""
+    def _gpu_batch(self, items: Sequence[Any]) -> tuple[torch.Tensor, dict[int, Redo]]:
+        """The batch's crops on the device: nvJPEG for the JPEGs it takes, Pillow's crops from
+        ``prepare`` copied in, and a ``Redo`` (a Pillow decode for the request to run off the
+        batch) for each image nvJPEG refused or that only Pillow decodes."""
         assert self._gpu is not None
         size = self.args.image_size
         crops = torch.empty((len(items), size, size, 3), dtype=torch.uint8, device=self.device)
-        pillow: dict[int, Future[np.ndarray]] = {}
+        redo: list[int] = []
         on_gpu: list[tuple[int, EncodedImage]] = []
         for i, item in enumerate(items):
             if not isinstance(item, EncodedImage):
@@ -241,16 +274,10 @@ class ImageClassifier:
             elif item.gpu:
                 on_gpu.append((i, item))
             else:
-                pillow[i] = self._pool().submit(self._preprocess, item.data, item.index)
-        for i in self._gpu.decode_into(crops, on_gpu):
-            pillow[i] = self._pool().submit(self._preprocess, items[i].data, items[i].index)
-        errors: dict[int, ItemError] = {}
-        for i, job in pillow.items():
-            try:
-                crops[i].copy_(_as_tensor(job.result()))
-            except ServeAppError as err:
-                errors[i] = ItemError(index=items[i].index, error=err)
-        return crops, errors
+                redo.append(i)
+        redo += self._gpu.decode_into(crops, on_gpu)
+        pillow = functools.partial
+        return crops, {i: Redo(pillow(self._preprocess, *_where(items[i]))) for i in redo}
 
     def _classify(self, batch_u8: torch.Tensor) -> list[tuple[np.ndarray, np.ndarray]]:
         graphs = self.graphs

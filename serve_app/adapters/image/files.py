@@ -1,12 +1,15 @@
 """Reading a request's images: the header checks both decode paths share, with the errors the
-client sees, the CPU path's Pillow decode and crop, and which JPEGs nvJPEG may take.
+client sees, the request's pixel budget, the CPU path's Pillow decode (JPEGs drafted to the
+size the crop needs) and crop, and which JPEGs nvJPEG may take.
 
-The CPU path (``pillow_crop``) decodes and crops on the request path. The GPU path
-(``encoded_image``) reads only the header (Pillow's ``Image.open`` is lazy) and the JPEG
-markers up to the first scan, a few tens of microseconds, and queues an ``EncodedImage`` for
-the batch (imagedecode.py). Both refuse the same images with the same messages: a format other
-than JPEG or PNG (400), more than ``max_image_pixels`` (413), data Pillow cannot read (400; on
-the GPU path the batch finds it and answers with the same error).
+Every request's headers are read first (``read_headers``; Pillow's ``Image.open`` is lazy), and
+their pixels summed against ``max_request_pixels``, before any decode. The CPU path
+(``crop_opened``) then decodes and crops on the request path. The GPU path also reads the JPEG
+markers up to the first scan, a few tens of microseconds, and queues an ``EncodedImage`` for the
+batch (gpudecode.py) for a JPEG nvJPEG takes. Both refuse the same images with the same
+messages: a format other than JPEG or PNG (400), more than ``max_image_pixels`` (413), data
+Pillow cannot read (400; for a JPEG nvJPEG refuses, from its request's Pillow decode after the
+batch).
 """
 
 from __future__ import annotations
@@ -70,19 +73,90 @@ def image_errors(where: str, max_image_pixels: int) -> Iterator[None]:
         raise BadRequest(f"'{where}' is not a readable JPEG or PNG image", param=where) from None
 
 
-def pillow_crop(blob: bytes, index: int, size: int, max_image_pixels: int) -> np.ndarray:
-    """The CPU path: decode with Pillow, then torchvision's ImageNet resize and crop (resize the
-    short side to ``size * 256 / 224``, centre-crop ``size`` x ``size``); HWC uint8 RGB."""
+def draft_for_crop(img: Any, size: int) -> None:
+    """Let a JPEG decode at 1/2, 1/4 or 1/8 of its size (libjpeg's DCT scaling, through
+    Pillow's ``draft``) while its short side stays at least the ``size * 256 / 224`` the crop
+    resizes it to: a 6000 x 4000 photo then decodes as 750 x 500 at 224. Other formats, and
+    JPEGs already near that size, are left as they are."""
+    if img.format != "JPEG":
+        return
+    target = math.ceil(size * 256 / 224)
+    w, h = img.size
+    scale = next((s for s in (8, 4, 2) if min(w, h) // s >= target), 1)
+    if scale > 1:
+        img.draft("RGB", (w // scale, h // scale))
+
+
+def crop_opened(img: Any, where: str, size: int, max_image_pixels: int) -> np.ndarray:
+    """Decode an image ``open_header`` opened (drafted or not), then torchvision's ImageNet
+    resize and crop (resize the short side to ``size * 256 / 224``, centre-crop ``size`` x
+    ``size``); HWC uint8 RGB."""
     from PIL import Image
 
-    where = f"input[{index}]"
     with image_errors(where, max_image_pixels):
-        img = open_header(blob, where, max_image_pixels).convert("RGB")
+        img = img.convert("RGB")
     # Crop in source coordinates, then resize only the crop: resizing the whole image first
     # would let a 1 x 40,000,000 strip grow to billions of pixels.
     box = crop_box(img.width, img.height, size)
     img = img.resize((size, size), Image.Resampling.BILINEAR, box=box)
     return np.asarray(img, dtype=np.uint8)
+
+
+def pillow_crop(blob: bytes, index: int, size: int, max_image_pixels: int) -> np.ndarray:
+    """The CPU path for one image: its header checked, a JPEG drafted (``draft_for_crop``),
+    then ``crop_opened``."""
+    where = f"input[{index}]"
+    with image_errors(where, max_image_pixels):
+        img = open_header(blob, where, max_image_pixels)
+        draft_for_crop(img, size)
+    return crop_opened(img, where, size, max_image_pixels)
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    """One image of a request after the header pass (``read_headers``).
+
+    Attributes:
+        index: its position in its request.
+        image: Pillow's lazily opened image (drafted when Pillow will decode it).
+        gpu: whether nvJPEG decodes it (the GPU path only).
+        pixels: the pixels decoding it costs: the header's size for nvJPEG, the drafted size
+            for Pillow.
+    """
+
+    index: int
+    image: Any
+    gpu: bool
+    pixels: int
+
+
+def read_headers(
+    blobs: list[bytes], size: int, max_image_pixels: int, max_request_pixels: int, gpu_path: bool
+) -> list[ImageHeader]:
+    """Every image's header, checked (``open_header``) and drafted where Pillow decodes it,
+    before any pixel is decoded; PayloadTooLarge when their pixels sum past
+    ``max_request_pixels``, so that a request of many small-bodied, huge images costs
+    microseconds, not seconds of decoding."""
+    headers = []
+    for i, blob in enumerate(blobs):
+        where = f"input[{i}]"
+        with image_errors(where, max_image_pixels):
+            img = open_header(blob, where, max_image_pixels)
+            gpu = gpu_path and img.format == "JPEG"
+            gpu = gpu and gpu_decodable(jpeg_frame(blob), img.size, img.info)
+            if not gpu:
+                draft_for_crop(img, size)
+        headers.append(ImageHeader(i, img, gpu, img.width * img.height))
+    total = sum(h.pixels for h in headers)
+    if total > max_request_pixels:
+        raise PayloadTooLarge(
+            f"the request's {len(blobs)} images are {total} pixels to decode; at most "
+            f"{max_request_pixels} per request (args.max_request_pixels): send fewer or "
+            "smaller images per request",
+            param="input",
+            code="request_pixels_exceeded",
+        )
+    return headers
 
 
 @dataclass(frozen=True)

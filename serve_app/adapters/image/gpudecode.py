@@ -1,12 +1,13 @@
 """JPEG decoding on the GPU for the image classifier: nvJPEG (through torchvision) in batches,
 then the CPU path's crop and resize, bit for bit, on the device (imageresize.py).
 
-On a GPU replica (``image_decode: auto`` with nvJPEG available, or ``gpu``) the request path only
-reads an image's header (image.py) and queues an ``EncodedImage``; ``GpuJpegDecoder`` decodes a
-batch's JPEGs in chunks of at most ``DECODE_CHUNK_PIXELS`` pixels and ``DECODE_CHUNK_IMAGES``
-images per nvJPEG call and resizes each group of equal-sized images in one call. An image that
-nvJPEG refuses goes to Pillow; one that Pillow refuses too gets an ``ItemError`` in its slot,
-which fails its own request with the CPU path's 400 and no other.
+On a GPU replica (``image_decode: auto`` with nvJPEG available, or ``gpu``) the request path
+reads a JPEG's header only (files.py) and queues an ``EncodedImage`` (what nvJPEG does not take,
+PNG and CMYK, Pillow decodes there, before the batch); ``GpuJpegDecoder`` decodes a batch's
+JPEGs in chunks of at most ``DECODE_CHUNK_PIXELS`` pixels and ``DECODE_CHUNK_IMAGES`` images per
+nvJPEG call and resizes each group of equal-sized images in one call. An image that nvJPEG
+refuses comes back from the batch as a ``Redo``: its own request decodes it with Pillow off the
+batch thread (the CPU path's 400 when Pillow cannot read it either), so no batch waits on it.
 
 Memory (decoder_memory.py measures it): torchvision 0.26 creates its nvJPEG handle with
 ``nvjpegCreateEx(backend, NULL, NULL, ...)`` and its device buffer with

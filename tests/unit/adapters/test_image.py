@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from serve_app.adapters.contract import Model
 from serve_app.adapters.image import backend as image_mod
 from serve_app.adapters.image import build
 from serve_app.adapters.image.backend import MEAN, STD, build_model, to_model_input
+from serve_app.adapters.image.files import crop_opened, open_header, pillow_crop, read_headers
 from serve_app.adapters.image.resnet import build_resnet
 from serve_app.config.args import parse_args
 from serve_app.errors import (
@@ -499,3 +501,77 @@ def test_encode_top_k_and_labels(tmp_path: Path, weight_files: dict[str, Path]) 
     (entry,) = plain.encode(plain.backend.predict(d.items), d)["data"]
     assert len(entry["top_k"]) == 2
     assert entry["top_k"][0]["label"] == f"class_{entry['top_k'][0]['class_id']}"
+
+
+# ---- the request's pixel budget and JPEG drafts (issue 25, finding 4) -------------------------
+
+
+def test_128_huge_greyscale_pngs_are_refused_from_their_headers_fast() -> None:
+    # The request of issue 25: 128 greyscale 6324 x 6324 PNGs, each just under
+    # max_image_pixels and a few tens of KB, took 21 s of CPU to decode.
+    buf = io.BytesIO()
+    Image.new("L", (6324, 6324), 0).save(buf, format="PNG", optimize=True)
+    png = buf.getvalue()
+    assert len(png) < 64 * 1024
+    adapter = make_model()  # the defaults: 40,000,000 a picture, 100,000,000 a request
+    body = json.dumps({"input": [b64(png)] * 128}).encode()
+    started = time.process_time()
+    with pytest.raises(PayloadTooLarge) as info:
+        adapter.decode(body, "application/json", {})
+    took_s = time.process_time() - started
+    err = info.value
+    assert (err.status_code, err.code, err.param) == (413, "request_pixels_exceeded", "input")
+    assert "args.max_request_pixels" in err.message and str(128 * 6324 * 6324) in err.message
+    assert took_s < 0.5, took_s  # headers only: decoding them would take seconds each
+
+
+def test_a_request_at_its_pixel_budget_is_decoded() -> None:
+    adapter = make_model(max_image_pixels=10_000, max_request_pixels=20_000)
+    blobs = [encode_image("PNG", size=(100, 100))] * 2
+    assert (
+        len(adapter.decode(json.dumps({"input": [b64(b) for b in blobs]}).encode(), "", {}).items)
+        == 2
+    )
+    with pytest.raises(PayloadTooLarge, match="max_request_pixels"):
+        adapter.decode(json.dumps({"input": [b64(b) for b in blobs * 2]}).encode(), "", {})
+
+
+def test_the_pixel_budget_must_hold_one_largest_image() -> None:
+    with pytest.raises(ConfigError, match="max_request_pixels"):
+        parse_args(
+            {
+                "adapter": "image-classification",
+                "max_image_pixels": 50_000_000,
+                "max_request_pixels": 40_000_000,
+            }
+        )
+
+
+def _photo_jpeg(size: tuple[int, int]) -> bytes:
+    w, h = size
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    rgb = np.stack([127 + 100 * np.sin(x / 40), 127 + 100 * np.cos(y / 30), 255 * x / w], -1)
+    buf = io.BytesIO()
+    Image.fromarray(rgb.astype(np.uint8)).save(buf, format="JPEG", quality=90)
+    return buf.getvalue()
+
+
+def test_a_large_jpeg_decodes_at_the_reduced_size_the_crop_needs() -> None:
+    blob = _photo_jpeg((2400, 1800))  # 4.3 MP; the crop at 224 needs a short side of 256
+    (header,) = read_headers([blob], 224, 40_000_000, 100_000_000, gpu_path=False)
+    assert header.image.size == (2400 // 4, 1800 // 4) and header.pixels == 600 * 450
+    drafted = pillow_crop(blob, 0, 224, 40_000_000)
+    full = crop_opened(open_header(blob, "input[0]", 40_000_000), "input[0]", 224, 40_000_000)
+    assert drafted.shape == full.shape == (224, 224, 3)
+    diff = np.abs(drafted.astype(np.int16) - full.astype(np.int16))
+    assert diff.mean() < 2.0, diff.mean()  # the same picture, from a sixteenth of the pixels
+    # a JPEG near the crop's size, and every PNG, decode whole
+    (small,) = read_headers([_photo_jpeg((500, 375))], 224, 40_000_000, 100_000_000, False)
+    (png,) = read_headers([encode_image("PNG", (2400, 1800))], 224, 40_000_000, 10**8, False)
+    assert (small.image.size, png.image.size) == ((500, 375), (2400, 1800))
+
+
+def test_the_gpu_path_counts_nvjpegs_jpegs_at_full_size() -> None:
+    blob = _photo_jpeg((2400, 1800))
+    (header,) = read_headers([blob], 224, 40_000_000, 100_000_000, gpu_path=True)
+    assert header.gpu and header.pixels == 2400 * 1800

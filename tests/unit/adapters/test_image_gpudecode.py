@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 from serve_app import adapters
-from serve_app.adapters.contract import Model
+from serve_app.adapters.contract import Model, Redo
 from serve_app.adapters.image import backend as image_mod
 from serve_app.adapters.image import build
 from serve_app.adapters.image import decoder_memory as imagedecode
@@ -134,7 +134,6 @@ def gpu_adapter(
     adapter.backend._gpu = GpuJpegDecoder(  # type: ignore[attr-defined]
         CPU, size, chunk_pixels, 256, decode_batch=decoder or CountingDecoder()
     )
-    adapter.backend.prepare_inline = True
     return adapter
 
 
@@ -363,17 +362,17 @@ def test_corrupt_jpeg_data_passes_the_header_check_and_fails_in_the_batch() -> N
 # ---- the GPU path through the adapter, with Pillow standing in for nvJPEG ---------------------
 
 
-def test_gpu_path_decode_only_reads_headers_and_keeps_order() -> None:
+def test_gpu_path_decode_leaves_jpegs_to_the_batch_and_decodes_the_rest_first() -> None:
     adapter = gpu_adapter()
     blobs = [encode(photo((64, 48))), encode(photo((40, 40)), "PNG")]
     decoded = adapter.decode(json_body(blobs), "application/json", {})
-    assert [type(x) for x in decoded.items] == [EncodedImage, EncodedImage]
-    assert [(x.index, x.width, x.height, x.gpu) for x in decoded.items] == [
-        (0, 64, 48, True),
-        (1, 40, 40, False),
-    ]
-    assert decoded.items[0].data == blobs[0]
+    jpeg, png = decoded.items
+    assert isinstance(jpeg, EncodedImage)
+    assert (jpeg.index, jpeg.width, jpeg.height, jpeg.gpu, jpeg.data) == (0, 64, 48, True, blobs[0])
+    # Pillow's decode of the PNG ran here, before any batch: the batch only copies its crop
+    np.testing.assert_array_equal(png, pillow_crop(blobs[1], 1, 32, MAX_PIXELS))
     assert adapter.backend.describe()["image_decode"] == "gpu"
+    assert adapter.decode_inline is False  # a small body can still hold a large PNG
 
 
 def test_gpu_path_outputs_equal_the_cpu_path() -> None:
@@ -387,8 +386,10 @@ def test_gpu_path_outputs_equal_the_cpu_path() -> None:
         encode(photo((90, 70), 7), "PNG"),
     ]
     decoder = CountingDecoder()
-    gpu = gpu_adapter(decoder)
-    cpu = cpu_adapter()
+    # At 224 no image here is large enough for Pillow's draft (a short side of 512 or more),
+    # which nvJPEG has no counterpart of: both paths decode every pixel.
+    gpu = gpu_adapter(decoder, image_size=224)
+    cpu = cpu_adapter(image_size=224)
     body = json_body(blobs)
     gpu_out = gpu.backend.predict(gpu.decode(body, "application/json", {}).items)
     cpu_out = cpu.backend.predict(cpu.decode(body, "application/json", {}).items)
@@ -421,15 +422,16 @@ def test_an_image_nothing_can_decode_fails_its_item_only() -> None:
     ]
     assert not items[4].gpu
     outputs = adapter.backend.predict(items)
-    # the batch failed, then each image alone; the refused one went to Pillow, which failed too
+    # the batch failed, then each image alone; the refused one, and the one only Pillow takes,
+    # come back to their requests to decode off the batch, where Pillow fails them too
     assert decoder.calls == [4, 1, 1, 1, 1]
     for slot, index in ((1, 1), (4, 3)):
         out = outputs[slot]
-        assert isinstance(out, ItemError) and out.index == index
+        assert isinstance(out, Redo)
         expected = BadRequest(
             f"'input[{index}]' is not a readable JPEG or PNG image", param=f"input[{index}]"
         )
-        assert out.error.to_json() == expected.to_json()
+        assert _error(out.prepare).to_json() == expected.to_json()
     alone = cpu_adapter().backend.predict([pillow_crop(b, 0, 32, MAX_PIXELS) for b in good])
     for got, want in zip([outputs[0], outputs[2], outputs[3]], alone, strict=True):
         assert not isinstance(got, ItemError)
@@ -440,7 +442,9 @@ def test_an_image_nvjpeg_refuses_but_pillow_reads_gets_pillow_crops() -> None:
     blob = encode(photo((64, 48), 1))
     decoder = CountingDecoder(refuse=lambda b: b == blob)
     adapter = gpu_adapter(decoder)
-    (out,) = adapter.backend.predict([encoded_image(blob, 0, MAX_PIXELS)])
+    (redo,) = adapter.backend.predict([encoded_image(blob, 0, MAX_PIXELS)])
+    assert isinstance(redo, Redo)  # Pillow's decode runs for its request, not in the batch
+    (out,) = adapter.backend.predict([redo.prepare()])
     (expected,) = cpu_adapter().backend.predict([pillow_crop(blob, 0, 32, MAX_PIXELS)])
     np.testing.assert_array_equal(out[1], expected[1])
     assert adapter.backend._gpu is not None and adapter.backend._gpu.fallbacks == 1

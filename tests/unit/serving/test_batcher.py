@@ -521,3 +521,31 @@ def test_failing_idle_work_is_dropped_and_serving_goes_on(executor, caplog) -> N
     assert asyncio.run(main()) == ["out-b"]
     assert len(work.ran) == 2 and work.left == 8  # no step after the failure
     assert "work between batches failed" in caplog.text
+
+
+def test_an_item_handed_back_is_prepared_off_the_model_thread_and_queued_again(
+    executor,
+) -> None:
+    prepared_in: list[str] = []
+
+    def run(items: list[object]) -> list[object]:
+        # the first sight of "slow" hands it back; its prepared form runs
+        return [("redo", i) if i == "slow" else f"out-{i}" for i in items]
+
+    def prepare() -> object:
+        prepared_in.append(threading.current_thread().name)
+        return "slow-prepared"
+
+    def redo(out: object) -> object:
+        return prepare if isinstance(out, tuple) else None
+
+    async def main() -> list[object]:
+        b = Batcher(run, executor, max_batch_size=8, batch_wait_timeout_s=0.0)
+        try:
+            return await b.submit_redoing(["a", "slow", "b"], redo)
+        finally:
+            b.close()
+
+    assert asyncio.run(main()) == ["out-a", "out-slow-prepared", "out-b"]
+    model_thread = executor.submit(lambda: threading.current_thread().name).result()
+    assert len(prepared_in) == 1 and prepared_in[0] != model_thread

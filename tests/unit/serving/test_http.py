@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 from starlette.requests import Request
 from starlette.responses import Response
 
-from serve_app.errors import BadRequest, Overloaded
+from serve_app.errors import BadRequest, Overloaded, PayloadTooLarge
 from serve_app.serving.auth import ApiKeys
 from serve_app.serving.http import (
+    BodyBytes,
     Ingress,
     error_response,
     guarded,
@@ -203,3 +204,35 @@ async def test_a_handler_that_raises_gets_a_json_500_with_an_id() -> None:
     err = resp.json()["error"]
     assert err["message"].startswith("request failed; error id ")
     assert "registry unreachable" not in resp.text  # the traceback stays in the log
+
+
+@pytest.mark.anyio
+async def test_body_bytes_in_flight_are_bounded_and_released() -> None:
+    budget = BodyBytes(10, retry_after_s=lambda: 3)
+    first = budget.hold()
+    # a declared length is held before a byte is read
+    assert await read_body(_request(b"abcdef", [(b"content-length", b"6")]), 100, first) == (
+        b"abcdef"
+    )
+    assert (budget.held_bytes, first.held_bytes) == (6, 6)
+    second = budget.hold()
+    with pytest.raises(Overloaded) as busy:  # 6 + 5 > 10: a 503 naming the bound
+        await read_body(_request(b"12345", [(b"content-length", b"5")]), 100, second)
+    assert busy.value.status_code == 503 and busy.value.headers() == {"Retry-After": "3"}
+    assert "args.max_body_bytes_in_flight" in busy.value.message
+    assert busy.value.code == "body_bytes_in_flight" and budget.refused_requests == 1
+    first.release()
+    too_large = budget.hold()
+    with pytest.raises(PayloadTooLarge, match="max_body_bytes_in_flight"):  # alone too large
+        await read_body(_request(b"x" * 11, []), 100, too_large)  # chunked: found while reading
+    assert budget.held_bytes == 3  # its first chunk, until the handler's release
+    too_large.release()
+    second.release()
+    assert budget.held_bytes == 0
+    # without a declared length the bytes are held as they arrive, then released once
+    third = budget.hold()
+    assert await read_body(_request(b"0123456789", []), 100, third) == b"0123456789"
+    assert budget.held_bytes == 10
+    third.release()
+    third.release()
+    assert budget.held_bytes == 0

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Any
 
-from serve_app.serving.readiness import decide
+import pytest
+
+from serve_app.serving.readiness import CachedReadiness, Readiness, decide
 
 
 def dep(status: str, target: int, *states: str) -> dict[str, Any]:
@@ -125,3 +129,60 @@ def test_an_unreadable_status_is_not_ready(monkeypatch) -> None:
     state = readiness.current()
     assert state.ready is False
     assert state.reason == "cannot read Serve's status: ConnectionError: controller gone"
+
+
+@pytest.mark.anyio
+async def test_readyz_burst_makes_one_controller_call_a_second() -> None:
+    now = [100.0]
+    gate = threading.Event()
+    calls: list[float] = []
+
+    def fetch() -> Readiness:  # a slow controller: every caller of a burst waits on one call
+        calls.append(now[0])
+        gate.wait(5)
+        return decide(details(app={"model": dep("HEALTHY", 1, "RUNNING")}))
+
+    cached = CachedReadiness(fetch, max_age_s=1.0, clock=lambda: now[0])
+    burst = [asyncio.ensure_future(cached.get()) for _ in range(200)]
+    await asyncio.sleep(0.05)
+    gate.set()
+    answers = await asyncio.gather(*burst)
+    assert len(calls) == 1 and all(a.ready for a in answers)
+    now[0] += 0.9  # within the second: the kept answer
+    await asyncio.gather(*(cached.get() for _ in range(200)))
+    assert len(calls) == 1
+    now[0] += 0.2  # past it: one more call for the next burst
+    await asyncio.gather(*(cached.get() for _ in range(200)))
+    assert calls == pytest.approx([100.0, 101.1]) and cached.calls == 2
+
+
+@pytest.mark.anyio
+async def test_a_caller_that_goes_does_not_cancel_the_call_the_others_wait_on() -> None:
+    gate = threading.Event()
+
+    def fetch() -> Readiness:
+        gate.wait(5)
+        return decide({})
+
+    cached = CachedReadiness(fetch)
+    first = asyncio.ensure_future(cached.get())
+    second = asyncio.ensure_future(cached.get())
+    await asyncio.sleep(0.01)
+    first.cancel()
+    gate.set()
+    assert (await second).reason == "no application is deployed"
+    assert cached.calls == 1
+
+
+@pytest.mark.anyio
+async def test_not_ready_is_kept_only_a_tenth_of_a_second() -> None:
+    now = [0.0]
+    answers = iter([decide({}), decide(details(app={"model": dep("HEALTHY", 1, "RUNNING")}))])
+    cached = CachedReadiness(lambda: next(answers), clock=lambda: now[0])
+    assert not (await cached.get()).ready
+    now[0] = 0.05
+    assert not (await cached.get()).ready and cached.calls == 1
+    now[0] = 0.15  # start-up is waiting: the next probe asks again
+    assert (await cached.get()).ready and cached.calls == 2
+    now[0] = 1.0
+    assert (await cached.get()).ready and cached.calls == 2
