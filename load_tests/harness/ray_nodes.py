@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from load_tests.harness.meta import ROOT
 from serve_app.ops import cluster_env, ports
+from serve_app.startup import ray_compat
 
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
 
@@ -40,14 +42,19 @@ def ray_cli() -> list[str] | None:
 
 def node_env(extra: Mapping[str, str]) -> dict[str, str]:
     """This process's environment for a node: no RAY_ADDRESS, the repository on PYTHONPATH, no
-    usage stats or token auth, the variables ``serve-app run`` sets (ops.cluster_env), a 2 s
-    HAProxy drain, then ``extra`` (side ports, a scripted NVML, CUDA_VISIBLE_DEVICES)."""
+    usage stats, Ray's token auth with this process's token (RAY_AUTH_TOKEN, made here when
+    there is none, so every node and driver started from this process shares it), the
+    variables ``serve-app run`` sets (ops.cluster_env), a 2 s HAProxy drain, then ``extra``
+    (side ports, a scripted NVML, CUDA_VISIBLE_DEVICES). Ray may join nodes: not the loopback
+    switch a one-node ``serve-app run`` sets in this process (ray_compat.LOOPBACK_NODE_VAR)."""
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    env.pop(ray_compat.LOOPBACK_NODE_VAR, None)
     env.update(
         {
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
             "RAY_USAGE_STATS_ENABLED": "0",
-            "RAY_AUTH_MODE": "disabled",
+            "RAY_AUTH_MODE": "token",
             **cluster_env.cluster_env(),
             "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
             **extra,
