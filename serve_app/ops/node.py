@@ -112,7 +112,7 @@ def node_environ(
     env = {k: v for k, v in environ.items() if k != "RAY_ADDRESS"}
     auth = ray_auth.setup_token_auth(env, insecure=insecure, create=head)
     wanted = cluster_env(request_timeout_s)
-    differs = env_differences(env, wanted)
+    differs = {k: why for k, why in env_differences(env, wanted).items() if k in env}
     for name, value in wanted.items():
         env.setdefault(name, value)
     return env, auth, differs
