@@ -1,4 +1,5 @@
-"""`serve-app run` as a user runs it: a subprocess, /readyz, one request, SIGINT, exit 0."""
+"""`serve-app run` as a user runs it: a subprocess, /readyz, one request, what it listens on and
+Ray's token at the dashboard agent's job API, SIGINT, exit 0."""
 
 from __future__ import annotations
 
@@ -13,10 +14,54 @@ import httpx
 import yaml
 
 from serve_app.env import haproxy_config_path
+from serve_app.ops import listeners
 from serve_app.ops.ports import free_port, haproxy_side_ports
 from tests.helpers import wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# The programs of Ray's own processes, as listeners.process_name names them: its C++ servers,
+# its Python daemons, and every worker and agent (``ray::`` titles).
+RAY_PROGRAMS = {"gcs_server", "raylet", "dashboard.py", "monitor.py", "log_monitor.py"}
+JOB_API = "/api/job_agent/jobs/"  # the dashboard agent's job submission (ShadowRay's door)
+
+
+def is_rays(listener: listeners.Listener) -> bool:
+    return listener.process in RAY_PROGRAMS or listener.process.startswith("ray::")
+
+
+def check_listeners_and_job_api(root_pid: int, http_port: int, side_ports: set[int]) -> None:
+    """Every socket Ray's processes listen on is on loopback (serve-app keeps its node on
+    127.0.0.1), any other listener beyond loopback is Ray's own, and the dashboard agent's job
+    API refuses a POST without Ray's token and takes one with it."""
+    found = listeners.listening_sockets(root_pid)
+    beyond = listeners.beyond_loopback(found)
+    # HAProxy's stats and Prometheus listeners (``side_ports``) still bind every interface
+    # here: issue 25's HAProxy part (another branch) moves them to loopback; then drop this.
+    others = [i for i in beyond if not (i.process == "haproxy" and i.port in side_ports)]
+    assert all(is_rays(item) for item in others), [i.describe() for i in others]
+    assert others == [], [item.describe() for item in others]  # Ray's too: all on loopback
+    names = {item.process for item in found}
+    assert {"gcs_server", "raylet", "ray::DashboardAgent"} <= names, names
+    assert any(item.port == http_port for item in found)
+    token = os.environ["RAY_AUTH_TOKEN"]  # tests/conftest.py's, which serve-app inherited
+    answers = {}
+    for item in found:
+        if item.process != "ray::DashboardAgent":
+            continue
+        url = f"http://127.0.0.1:{item.port}{JOB_API}"
+        try:
+            bare = httpx.post(url, json={}, timeout=5.0)
+        except httpx.HTTPError:
+            continue  # one of the agent's gRPC ports
+        with_token = httpx.post(
+            url, json={}, headers={"Authorization": f"Bearer {token}"}, timeout=10.0
+        )
+        answers[item.port] = (bare.status_code, with_token.status_code)
+    assert answers, "no HTTP port of the dashboard agent answered"
+    for port, (bare, with_token) in answers.items():
+        assert bare in (401, 403), (port, bare)
+        assert with_token not in (401, 403), (port, with_token)
 
 
 def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
@@ -27,7 +72,8 @@ def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
     config.write_text(yaml.safe_dump(doc))
     env = dict(os.environ)
     env.pop("SERVE_APP_FAKE_NVML", None)
-    env.update(haproxy_side_ports())
+    side_ports = haproxy_side_ports()
+    env.update(side_ports)
     haproxy_root = Path(haproxy_config_path()).parent
     dirs_before = set(haproxy_root.iterdir()) if haproxy_root.is_dir() else set()
     log = (tmp_path / "run.log").open("w+")
@@ -47,6 +93,7 @@ def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
             time.sleep(0.2)
         resp = httpx.post(f"{url}/v1/embeddings", json={"input": "hello"}, timeout=30.0)
         assert resp.status_code == 200 and len(resp.json()["data"][0]["embedding"]) == 384
+        check_listeners_and_job_api(proc.pid, port, {int(p) for p in side_ports.values()})
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=30)
@@ -59,6 +106,9 @@ def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
         log.seek(0)
         output = log.read()
     assert "No CUDA GPU found: serving on the CPU." in output, output[-3000:]
+    assert "Ray: token authentication on (RAY_AUTH_MODE=token)" in output
+    assert "the RAY_AUTH_TOKEN variable" in output
+    assert "Ray listens beyond loopback" not in output
     assert f"serving at {url}" in output
     # HAProxy's per-node folder went with it.
     dirs_after = set(haproxy_root.iterdir()) if haproxy_root.is_dir() else set()
