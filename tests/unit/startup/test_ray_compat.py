@@ -135,11 +135,14 @@ import ray
 from ray._private import services
 from ray._raylet import AuthenticationMode, get_authentication_mode
 from serve_app.startup import ray_compat
-before = [services.resolve_ip_for_localhost("127.0.0.1"), get_authentication_mode() == AuthenticationMode.TOKEN]
+def seen():
+    token = get_authentication_mode() == AuthenticationMode.TOKEN
+    return [services.resolve_ip_for_localhost("127.0.0.1"), token]
+before = seen()
 ray_compat.keep_node_on_loopback()
 os.environ["RAY_AUTH_MODE"] = "token"
 ray_compat.reread_auth_mode()
-after = [services.resolve_ip_for_localhost("127.0.0.1"), get_authentication_mode() == AuthenticationMode.TOKEN]
+after = seen()
 print(json.dumps([before, after, os.environ[ray_compat.LOOPBACK_NODE_VAR]]))
 """
 
