@@ -98,7 +98,7 @@ def cmd_node(ns: argparse.Namespace) -> int:
             timeout_s = longest_request_timeout_s(doc)
             system_config = warmpool.system_config(*warmpool.app_settings(doc))
         if ns.check:
-            found = node.check_cluster(ns.check, timeout_s)
+            found = node.check_cluster(ns.check, timeout_s, insecure=ns.insecure_no_ray_auth)
             bad = 0
             for node_id, seen in found.items():
                 for name, why in seen["differs"].items():

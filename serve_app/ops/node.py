@@ -144,20 +144,36 @@ def start_node(
     print("$ " + " ".join(cmd), flush=True)
     if dry_run:
         return 0
-    return subprocess.call(cmd, env=env)
+    code = subprocess.call(cmd, env=env)
+    if code == 0 and spec.head and auth.enabled:
+        print(
+            "Deploy with `RAY_AUTH_MODE=token serve deploy CONFIG` on this node (Ray's CLI "
+            f"sends the token only in token mode; it reads it from {auth.source}), and check "
+            "the nodes with `serve-app node --check ADDRESS`.",
+            flush=True,
+        )
+    return code
 
 
 def _node_env_probe(names: Sequence[str]) -> dict[str, str | None]:
     return {name: os.environ.get(name) for name in names}
 
 
-def check_cluster(address: str, request_timeout_s: float | None = None) -> dict[str, Any]:
-    """Connect to the cluster at ``address`` and read, on every alive node, the variables of
-    cluster_env and ``RAY_AUTH_MODE`` (a task pinned to the node: its worker inherits the
-    node's environment). ``{node_id: {"ip": ..., "differs": {name: why}}}``."""
+def check_cluster(
+    address: str, request_timeout_s: float | None = None, *, insecure: bool = False
+) -> dict[str, Any]:
+    """Connect to the cluster at ``address`` (with the token, as setup_token_auth finds it) and
+    read, on every alive node, the variables of cluster_env and ``RAY_AUTH_MODE`` (a task
+    pinned to the node: its worker inherits the node's environment).
+    ``{node_id: {"ip": ..., "differs": {name: why}}}``."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from serve_app.startup import ray_compat
+
+    # Ray sends its token only in token mode, and never turns it on for an explicit address.
+    ray_auth.setup_token_auth(os.environ, insecure=insecure, create=False)
+    ray_compat.reread_auth_mode()
     wanted = {**cluster_env(request_timeout_s), ray_auth.AUTH_MODE_VAR: "token"}
     ray.init(address=address, log_to_driver=False)
     try:
