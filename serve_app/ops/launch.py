@@ -40,6 +40,7 @@ __all__ = [
     "gpu_count",
     "http_address",
     "is_loopback",
+    "ray_exposure_note",
     "ray_listeners_beyond_loopback",
     "run",
     "shutdown",
@@ -137,9 +138,9 @@ def exposure_warning(
     ray_listeners: Sequence[listeners.Listener] = (),
 ) -> str | None:
     """The warning `serve-app run` prints when it would serve beyond this machine with no API
-    key, or when Ray listens beyond loopback (``ray_listeners``: what Ray placed on other
-    interfaces); None when HTTP binds a loopback address or keys are set, and Ray's listeners
-    are all on loopback."""
+    key, or when Ray listens beyond loopback (``ray_listeners``) with its token authentication
+    off; None when neither (ray_exposure_note says what listens beyond loopback behind the
+    token)."""
     parts = []
     if not (is_loopback(host) or keys_configured):
         parts.append(
@@ -148,19 +149,26 @@ def exposure_warning(
             f"Set {env.API_KEYS_VAR} (comma-separated) or {env.API_KEYS_FILE_VAR} (one per line) "
             "before starting, or bind 127.0.0.1."
         )
-    if ray_listeners:
+    if ray_listeners and not ray_auth_enabled:
         where = ", ".join(item.describe() for item in ray_listeners)
-        guard = (
-            "each needs Ray's token"
-            if ray_auth_enabled
-            else "and Ray's token authentication is OFF: anyone who can reach them can run code "
-            "on this machine"
-        )
         parts.append(
-            f"WARNING: Ray listens beyond loopback on {where}; {guard}. Close them with the "
+            f"WARNING: Ray listens beyond loopback on {where}, and its token authentication is "
+            "OFF: anyone who can reach them can run code on this machine. Close them with the "
             f"host firewall rule in {ray_auth.SECURITY_DOC}."
         )
     return "\n".join(parts) or None
+
+
+def ray_exposure_note(ray_listeners: Sequence[listeners.Listener]) -> str | None:
+    """The note for Ray's listeners beyond loopback behind its token (Serve binds each replica's
+    inter-deployment gRPC server to every interface, ray/serve/_private/replica.py)."""
+    if not ray_listeners:
+        return None
+    where = ", ".join(item.describe() for item in ray_listeners)
+    return (
+        f"Ray listens beyond loopback on {where}, where Ray itself binds it; each needs Ray's "
+        f"token. A host firewall closes them: {ray_auth.SECURITY_DOC}."
+    )
 
 
 def start_ray(
@@ -322,6 +330,9 @@ def run(
         host, bool(keys), ray_auth_enabled=auth.enabled, ray_listeners=exposed
     )
     warnings = [warning] if warning else []
+    note = ray_exposure_note(exposed) if auth.enabled else None
+    if note:
+        notes.append(note)
     warnings.extend(auth.warnings)
     return Deployment(url=url, notes=notes, haproxy=haproxy, warnings=warnings)
 

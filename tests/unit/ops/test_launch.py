@@ -41,17 +41,18 @@ def test_serving_beyond_loopback_without_keys_warns(host: str, keys: bool, warns
         assert warning.startswith("WARNING") and "SERVE_APP_API_KEYS" in warning
 
 
-def test_ray_listening_beyond_loopback_is_named_and_worse_without_its_token() -> None:
-    agent = Listener("192.0.2.2", 52365, 7, "ray::DashboardAgent")
-    warning = launch.exposure_warning("127.0.0.1", False, ray_listeners=[agent])
-    assert warning is not None and "192.0.2.2:52365 (ray::DashboardAgent)" in warning
-    assert "needs Ray's token" in warning and "firewall" in warning
-    open_ = launch.exposure_warning(
-        "127.0.0.1", True, ray_auth_enabled=False, ray_listeners=[agent]
-    )
-    assert open_ is not None and "authentication is OFF" in open_
-    both = launch.exposure_warning("0.0.0.0", False, ray_listeners=[agent])
-    assert both is not None and "SERVE_APP_API_KEYS" in both and "52365" in both
+def test_ray_listening_beyond_loopback_is_noted_and_a_warning_without_its_token() -> None:
+    grpc = Listener("::", 41041, 7, "ray::ServeReplica:embeddings:model")
+    assert launch.exposure_warning("127.0.0.1", False, ray_listeners=[grpc]) is None
+    note = launch.ray_exposure_note([grpc])
+    assert note is not None and "[::]:41041 (ray::ServeReplica:embeddings:model)" in note
+    assert "needs Ray's token" in note and "firewall" in note
+    assert launch.ray_exposure_note([]) is None
+    open_ = launch.exposure_warning("127.0.0.1", True, ray_auth_enabled=False, ray_listeners=[grpc])
+    assert open_ is not None and open_.startswith("WARNING") and "authentication is OFF" in open_
+    assert "41041" in open_
+    both = launch.exposure_warning("0.0.0.0", False, ray_auth_enabled=False, ray_listeners=[grpc])
+    assert both is not None and "SERVE_APP_API_KEYS" in both and "41041" in both
 
 
 def test_start_ray_keeps_the_dashboard_off_and_ray_on_loopback_with_its_token(
