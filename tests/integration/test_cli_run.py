@@ -70,14 +70,17 @@ def check_listeners_and_job_api(root_pid: int, http_port: int, side_ports: set[i
             continue
         url = f"http://127.0.0.1:{item.port}{JOB_API}"
         try:
-            bare = httpx.post(url, json={}, timeout=5.0)
+            metrics = httpx.get(f"http://127.0.0.1:{item.port}/metrics", timeout=5.0)
         except httpx.HTTPError:
             continue  # one of the agent's gRPC ports
+        if metrics.status_code == 200:
+            continue  # its Prometheus exporter: open, read-only, on loopback (docs/security.md)
+        bare = httpx.post(url, json={}, timeout=5.0)
         with_token = httpx.post(
             url, json={}, headers={"Authorization": f"Bearer {token}"}, timeout=10.0
         )
         answers[item.port] = (bare.status_code, with_token.status_code)
-    assert answers, "no HTTP port of the dashboard agent answered"
+    assert len(answers) == 1, "the dashboard agent's HTTP server (its job API) not found"
     for port, (bare, with_token) in answers.items():
         assert bare in (401, 403), (port, bare)
         assert with_token not in (401, 403), (port, with_token)
