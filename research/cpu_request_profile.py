@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -36,7 +37,9 @@ def tiny_model_dir() -> str:
 
 
 def main() -> None:
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Ray with token auth, as serve-app runs it, and a token of this run's own.
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
     sys.path.insert(0, str(ROOT))
     from ray import serve
     from starlette.requests import Request

@@ -10,7 +10,7 @@
 # to load_tests.reliability.gpu_faults. The copied tree has no .git: set
 # SERVE_APP_CODE_COMMIT=<commit>, which faults.json records as code_commit.
 set -u
-export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
+export RAY_AUTH_MODE=token RAY_AUTH_TOKEN="${RAY_AUTH_TOKEN:-$(python3 -c "import secrets; print(secrets.token_hex(32))")}" RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/gpu-out}"; RES=/tmp/gpu-results; mkdir -p "$OUT" "$RES"
 nvidia-smi -L
 [ -e .git ] || [ -n "${SERVE_APP_CODE_COMMIT:-}" ] \

@@ -12,7 +12,7 @@
 # README). The copied tree has no .git: set SERVE_APP_CODE_COMMIT=<commit>, which startup.json
 # records as code_commit.
 set -u
-export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
+export RAY_AUTH_MODE=token RAY_AUTH_TOKEN="${RAY_AUTH_TOKEN:-$(python3 -c "import secrets; print(secrets.token_hex(32))")}" RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/gpu-out}"; RES=/tmp/gpu-results; mkdir -p "$OUT" "$RES"
 T0=$(date +%s)
 nvidia-smi -L

@@ -4,7 +4,7 @@
 # cost of the cache policies.
 # Usage: bash scripts/gpu_tests.sh   (on a host set up as README.md's "GPU runs" says)
 set -u
-export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
+export RAY_AUTH_MODE=token RAY_AUTH_TOKEN="${RAY_AUTH_TOKEN:-$(python3 -c "import secrets; print(secrets.token_hex(32))")}" RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/gpu-out}"; RES=/tmp/gpu-results; mkdir -p "$OUT" "$RES/mem" "$RES/ctl"
 nvidia-smi -L
 python3 -c "import httpx, matplotlib, pynvml; print('client libs ok')"

@@ -21,7 +21,7 @@
 # The copied tree has no .git: set SERVE_APP_CODE_COMMIT=<commit>, which meta.json records as
 # code_commit.
 set -u
-export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}" RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
+export RAY_AUTH_MODE=token RAY_AUTH_TOKEN="${RAY_AUTH_TOKEN:-$(python3 -c "import secrets; print(secrets.token_hex(32))")}" RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
 export LD_LIBRARY_PATH="$PWD/.tools${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 OUT="${OUT:-/tmp/gpu-out}"; RES="$OUT/throughput"; mkdir -p "$RES"
 if [ -n "${PREVIOUS:-}" ]; then cp "$PREVIOUS" "$RES/throughput.json" || exit 2; fi

@@ -9,7 +9,8 @@ export SERVE_APP_REQUIRE_WRK=1
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -qq --disable-pip-version-check -e '.[test]'
-export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
+# Ray with token auth and a fresh token per run, as serve-app runs it (docs/security.md).
+export RAY_AUTH_MODE=token RAY_AUTH_TOKEN="${RAY_AUTH_TOKEN:-$(python3 -c "import secrets; print(secrets.token_hex(32))")}" RAY_USAGE_STATS_ENABLED=0
 echo "== ruff"; .venv/bin/ruff check serve_app tests load_tests benchmarks research
 echo "== mypy"; .venv/bin/mypy serve_app
 echo "== pytest"

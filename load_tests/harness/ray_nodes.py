@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -20,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from load_tests.harness.meta import ROOT
-from serve_app.ops import cluster_env, ports
+from serve_app.ops import cluster_env, node, ports
+from serve_app.startup import ray_compat
 
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
 
@@ -39,15 +41,22 @@ def ray_cli() -> list[str] | None:
 
 
 def node_env(extra: Mapping[str, str]) -> dict[str, str]:
-    """This process's environment for a node: no RAY_ADDRESS, the repository on PYTHONPATH, no
-    usage stats or token auth, the variables ``serve-app run`` sets (ops.cluster_env), a 2 s
-    HAProxy drain, then ``extra`` (side ports, a scripted NVML, CUDA_VISIBLE_DEVICES)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    """This process's environment for a node, as ``serve-app node`` builds it (ops.node:
+    ops.cluster_env's variables and Ray's token auth, here with this process's token,
+    RAY_AUTH_TOKEN, made when there is none, so every node and driver started from this process
+    shares it), with cluster_env's values forced, no RAY_ADDRESS, the repository on PYTHONPATH,
+    no usage stats, a 2 s HAProxy drain, then ``extra`` (side ports, a scripted NVML,
+    CUDA_VISIBLE_DEVICES). Ray may join nodes: not the loopback switch a one-node
+    ``serve-app run`` sets in this process (ray_compat.LOOPBACK_NODE_VAR)."""
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    mine = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    mine.pop(ray_compat.LOOPBACK_NODE_VAR, None)
+    mine["RAY_AUTH_MODE"] = "token"
+    env = node.node_environ(mine, head=False)[0]
     env.update(
         {
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
             "RAY_USAGE_STATS_ENABLED": "0",
-            "RAY_AUTH_MODE": "disabled",
             **cluster_env.cluster_env(),
             "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
             **extra,
@@ -66,23 +75,29 @@ def node_command(
     temp_dir: Path | None = None,
     labels: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """``ray start --block`` for a head (``head_port``) or a worker (``address``) on 127.0.0.1."""
+    """``ray start --block`` for a head (``head_port``) or a worker (``address``) on 127.0.0.1,
+    as ``serve-app node`` builds it (ops.node.ray_start_command), with this harness's options:
+    no dashboard, a free Ray Client port, a small object store, the node's labels."""
     if (head_port is None) == (address is None):
         raise ValueError("give head_port for a head or address for a worker, not both")
-    cmd = [*cli, "start"]
+    extra = ["--block", "--object-store-memory", str(OBJECT_STORE_BYTES)]
     if head_port is not None:
-        cmd += ["--head", "--port", str(head_port), "--include-dashboard", "false"]
-        cmd += ["--ray-client-server-port", str(ports.free_port())]
+        extra += ["--include-dashboard", "false"]
+        extra += ["--ray-client-server-port", str(ports.free_port())]
         if temp_dir is not None:
-            cmd += ["--temp-dir", str(temp_dir)]
-    else:
-        cmd += ["--address", str(address)]
-    cmd += ["--block", "--node-ip-address", "127.0.0.1", "--num-cpus", f"{num_cpus:g}"]
-    cmd += ["--num-gpus", str(num_gpus), "--object-store-memory", str(OBJECT_STORE_BYTES)]
-    cmd += ["--disable-usage-stats"]
+            extra += ["--temp-dir", str(temp_dir)]
     if labels:
-        cmd += ["--labels", ",".join(f"{k}={v}" for k, v in labels.items())]
-    return cmd
+        extra += ["--labels", ",".join(f"{k}={v}" for k, v in labels.items())]
+    spec = node.NodeSpec(
+        head=head_port is not None,
+        address=address,
+        port=head_port or node.DEFAULT_GCS_PORT,
+        node_ip_address="127.0.0.1",
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        ray_args=tuple(extra),
+    )
+    return node.ray_start_command(cli, spec)
 
 
 def start_node(cmd: Sequence[str], env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:

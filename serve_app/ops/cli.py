@@ -1,9 +1,10 @@
-"""``serve-app run | check | status``: parse, call the library, print."""
+"""``serve-app run | node | check | status``: parse, call the library, print."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
@@ -11,6 +12,11 @@ from pathlib import Path
 from types import FrameType
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
+INSECURE_FLAG = "--insecure-no-ray-auth"  # ops.ray_auth.INSECURE_FLAG, without its import here
+INSECURE_HELP = (
+    "run Ray WITHOUT token authentication (RAY_AUTH_MODE=disabled): anyone who reaches Ray's "
+    "ports can run code; only on a machine you alone use"
+)
 
 
 def _default_config() -> str:
@@ -35,7 +41,7 @@ def cmd_check(path: str, gpus: int = 1) -> int:
     return 0
 
 
-def cmd_run(path: str, haproxy: bool, ready_timeout_s: float) -> int:
+def cmd_run(path: str, haproxy: bool, ready_timeout_s: float, insecure: bool = False) -> int:
     from serve_app.config.deploy import load_deploy_config
     from serve_app.errors import ServeAppError
     from serve_app.ops import launch
@@ -43,7 +49,9 @@ def cmd_run(path: str, haproxy: bool, ready_timeout_s: float) -> int:
     stop = threading.Event()
     try:
         doc = load_deploy_config(path)
-        started = launch.run(doc, haproxy=haproxy, ready_timeout_s=ready_timeout_s)
+        started = launch.run(
+            doc, haproxy=haproxy, ready_timeout_s=ready_timeout_s, insecure_no_ray_auth=insecure
+        )
     except (ServeAppError, KeyboardInterrupt) as exc:
         if isinstance(exc, ServeAppError):
             print(f"error: {exc.message}", file=sys.stderr)
@@ -71,6 +79,55 @@ def cmd_run(path: str, haproxy: bool, ready_timeout_s: float) -> int:
     return 0
 
 
+def cmd_node(ns: argparse.Namespace) -> int:
+    from serve_app.config.deploy import check_deploy_config, load_deploy_config
+    from serve_app.errors import ServeAppError
+    from serve_app.ops import node
+    from serve_app.ops.cluster_env import longest_request_timeout_s
+    from serve_app.startup import warmpool
+
+    ray_args = [a for a in ns.ray_args if a != "--"]
+    try:
+        timeout_s, system_config = None, {}
+        if ns.config:
+            doc = load_deploy_config(ns.config)
+            errors = check_deploy_config(doc)
+            if errors:
+                print("\n".join(f"error: {e}" for e in errors), file=sys.stderr)
+                return 2
+            timeout_s = longest_request_timeout_s(doc)
+            system_config = warmpool.system_config(*warmpool.app_settings(doc))
+        if ns.check:
+            found = node.check_cluster(ns.check, timeout_s, insecure=ns.insecure_no_ray_auth)
+            bad = 0
+            for node_id, seen in found.items():
+                for name, why in seen["differs"].items():
+                    bad += 1
+                    print(f"node {node_id[:12]} ({seen['ip']}): {name} is {why}")
+            print(f"{len(found)} node(s); " + (f"{bad} setting(s) differ" if bad else "all set"))
+            return 1 if bad else 0
+        spec = node.NodeSpec(
+            head=ns.head,
+            address=ns.address,
+            port=ns.port,
+            node_ip_address=ns.node_ip_address,
+            num_cpus=ns.num_cpus,
+            num_gpus=ns.num_gpus,
+            system_config=system_config if ns.head else {},
+            ray_args=tuple(ray_args),
+        )
+        return node.start_node(
+            spec,
+            os.environ,
+            request_timeout_s=timeout_s,
+            insecure=ns.insecure_no_ray_auth,
+            dry_run=ns.dry_run,
+        )
+    except ServeAppError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+
+
 def cmd_status(url: str, as_json: bool) -> int:
     from serve_app.errors import ServeAppError
     from serve_app.ops.status import read_memory_report, render_status
@@ -95,6 +152,31 @@ def main(argv: list[str] | None = None) -> int:
         help="use Serve's default Python proxy instead of the HAProxy ingress",
     )
     run.add_argument("--ready-timeout-s", type=float, default=300.0)
+    run.add_argument(INSECURE_FLAG, action="store_true", help=INSECURE_HELP)
+    node = sub.add_parser(
+        "node",
+        help="start a Ray node with serve_app's settings and token auth (ray start), or "
+        "--check a running cluster's nodes",
+        description="Extra `ray start` options go after `--`, e.g. `-- --block`.",
+    )
+    role = node.add_mutually_exclusive_group(required=True)
+    role.add_argument("--head", action="store_true", help="start a head node")
+    role.add_argument("--address", help="join the cluster whose head is HOST:PORT")
+    role.add_argument(
+        "--check", metavar="ADDRESS", help="read serve_app's settings back from every node"
+    )
+    node.add_argument("--port", type=int, default=6379, help="the head's GCS port")
+    node.add_argument("--node-ip-address")
+    node.add_argument("--num-cpus", type=float)
+    node.add_argument("--num-gpus", type=int)
+    node.add_argument(
+        "--config",
+        help="the deploy config to be served: its longest request_timeout_s sets HAProxy's "
+        "server timeout, its warm_workers the head's preload list",
+    )
+    node.add_argument(INSECURE_FLAG, action="store_true", help=INSECURE_HELP)
+    node.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    node.add_argument("ray_args", nargs=argparse.REMAINDER)
     check = sub.add_parser("check", help="validate CONFIG and print every error")
     check.add_argument("config")
     check.add_argument(
@@ -107,5 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command == "check":
         return cmd_check(ns.config, max(ns.gpus, 1))
     if ns.command == "run":
-        return cmd_run(ns.config, not ns.no_haproxy, ns.ready_timeout_s)
+        return cmd_run(ns.config, not ns.no_haproxy, ns.ready_timeout_s, ns.insecure_no_ray_auth)
+    if ns.command == "node":
+        return cmd_node(ns)
     return cmd_status(ns.url, ns.json)

@@ -41,6 +41,7 @@ __all__ = [
     "use_private_files",
 ]
 
+NODE_PREFIX = "sa-node-"  # not PRIVATE_PREFIX: own_haproxies never matches it
 PRIVATE_PREFIX = "sa-haproxy-"  # short: Serve adds a 56-character node id below it (sockets)
 PID_FILE = "haproxy.pid"  # the newest HAProxy of the run, written by the launcher
 OWNER_FILE = "owner"  # "<pid> <create time>" of the process that made the directory
@@ -157,6 +158,22 @@ def use_private_files() -> PrivateFiles:
     os.environ.update(set_vars)
     _private = PrivateFiles(directory, set_vars, replaced)
     return _private
+
+
+def node_private_files(base: str | None = None) -> dict[str, str]:
+    """For a node that ``serve-app node`` starts: a fresh 0700 directory with the launcher, and
+    Ray's variables pointing into it. It outlives the command (the node's HAProxy runs on) and
+    has no owner file, so no later ``serve-app run`` takes the node's HAProxy for a stale one."""
+    directory = Path(tempfile.mkdtemp(prefix=NODE_PREFIX, dir=base or _base_dir()))
+    wanted = private_files_env(directory)
+    real = _real_binary()
+    if real is None:
+        del wanted[BINARY_VAR]
+    else:
+        launcher = directory / LAUNCHER
+        launcher.write_text(launcher_script(real, directory / PID_FILE))
+        launcher.chmod(0o700)
+    return wanted
 
 
 def release_private_files() -> None:

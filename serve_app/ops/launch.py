@@ -13,7 +13,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from serve_app import env
 from serve_app.config.deploy import check_deploy_config, doubles_warning, enforcements
 from serve_app.errors import ConfigError, StartupError
 from serve_app.gpu import mps
+from serve_app.ops import listeners, ray_auth
 from serve_app.ops.cluster_env import cluster_env, longest_request_timeout_s
 from serve_app.ops.haproxy import (
     free_stale_port,
@@ -47,6 +48,8 @@ __all__ = [
     "gpu_count",
     "http_address",
     "is_loopback",
+    "ray_exposure_note",
+    "ray_listeners_beyond_loopback",
     "run",
     "shutdown",
     "start_mps_if_needed",
@@ -135,16 +138,44 @@ def is_loopback(host: str) -> bool:
         return False  # a name or 0.0.0.0-like wildcard: assume it is reachable from outside
 
 
-def exposure_warning(host: str, keys_configured: bool) -> str | None:
+def exposure_warning(
+    host: str,
+    keys_configured: bool,
+    *,
+    ray_auth_enabled: bool = True,
+    ray_listeners: Sequence[listeners.Listener] = (),
+) -> str | None:
     """The warning `serve-app run` prints when it would serve beyond this machine with no API
-    key; None when it binds a loopback address or keys are set."""
-    if is_loopback(host) or keys_configured:
+    key, or when Ray listens beyond loopback (``ray_listeners``) with its token authentication
+    off; None when neither (ray_exposure_note says what listens beyond loopback behind the
+    token)."""
+    parts = []
+    if not (is_loopback(host) or keys_configured):
+        parts.append(
+            f"WARNING: http_options.host is {host!r}, reachable from other machines, and no API "
+            f"key is configured: anyone who can reach it can run inference and read /v1/memory. "
+            f"Set {env.API_KEYS_VAR} (comma-separated) or {env.API_KEYS_FILE_VAR} (one per line) "
+            "before starting, or bind 127.0.0.1."
+        )
+    if ray_listeners and not ray_auth_enabled:
+        where = ", ".join(item.describe() for item in ray_listeners)
+        parts.append(
+            f"WARNING: Ray listens beyond loopback on {where}, and its token authentication is "
+            "OFF: anyone who can reach them can run code on this machine. Close them with the "
+            f"host firewall rule in {ray_auth.SECURITY_DOC}."
+        )
+    return "\n".join(parts) or None
+
+
+def ray_exposure_note(ray_listeners: Sequence[listeners.Listener]) -> str | None:
+    """The note for Ray's listeners beyond loopback behind its token (Serve binds each replica's
+    inter-deployment gRPC server to every interface, ray/serve/_private/replica.py)."""
+    if not ray_listeners:
         return None
+    where = ", ".join(item.describe() for item in ray_listeners)
     return (
-        f"WARNING: http_options.host is {host!r}, reachable from other machines, and no API "
-        f"key is configured: anyone who can reach it can run inference and read /v1/memory. "
-        f"Set {env.API_KEYS_VAR} (comma-separated) or {env.API_KEYS_FILE_VAR} (one per line) "
-        "before starting, or bind 127.0.0.1."
+        f"Ray listens beyond loopback on {where}, where Ray itself binds it; each needs Ray's "
+        f"token. A host firewall closes them: {ray_auth.SECURITY_DOC}."
     )
 
 
@@ -154,14 +185,22 @@ def start_ray(
     num_cpus: int | None = None,
     request_timeout_s: float | None = None,
     system_config: Mapping[str, object] | None = None,
-) -> None:
-    """A local Ray with every port on 127.0.0.1. Env vars are set first so that Serve's
-    controller and proxy processes inherit them. ``request_timeout_s``: the longest of the
-    apps to be deployed (default: AppArgs' default), for HAProxy's server timeout.
-    ``system_config``: Ray's own settings for the cluster (warmpool.system_config: the
-    modules every worker imports as it starts)."""
+    auth: ray_auth.RayAuth | None = None,
+) -> ray_auth.RayAuth:
+    """A local Ray with every port on 127.0.0.1 and token authentication on. Env vars are set
+    first so that Serve's controller and proxy processes inherit them. ``request_timeout_s``:
+    the longest of the apps to be deployed (default: AppArgs' default), for HAProxy's server
+    timeout. ``system_config``: Ray's own settings for the cluster (warmpool.system_config: the
+    modules every worker imports as it starts). ``auth``: ray_auth.setup_token_auth's answer
+    when the caller already set it up (``serve-app run`` does, to fail before anything starts);
+    returned, set up here otherwise."""
     import ray
 
+    if auth is None:
+        auth = ray_auth.setup_token_auth(os.environ)
+    ray_compat.reread_auth_mode()  # Ray read RAY_AUTH_MODE when it was imported, maybe before
+    # Ray would swap 127.0.0.1 for the routable IP and bind its agents there (issue 25).
+    ray_compat.keep_node_on_loopback()
     wanted = cluster_env(request_timeout_s)
     if haproxy:
         os.environ[env.HA_PROXY_VAR] = wanted.pop(env.HA_PROXY_VAR)
@@ -183,6 +222,14 @@ def start_ray(
         log_to_driver=True,
         _system_config=dict(system_config) if system_config else None,
     )
+    return auth
+
+
+def ray_listeners_beyond_loopback(http_port: int) -> list[listeners.Listener]:
+    """What the Ray this process started (and its HAProxy) listens on beyond loopback, but the
+    HTTP port, which exposure_warning judges by itself."""
+    found = listeners.beyond_loopback(listeners.listening_sockets(os.getpid()))
+    return [item for item in found if item.port != http_port]
 
 
 def deploy(doc: dict[str, Any]) -> None:
@@ -234,8 +281,15 @@ def wait_ready(url: str, timeout_s: float) -> None:
     raise StartupError(f"not ready after {timeout_s:.0f} s; last /readyz answer: {last[:500]}")
 
 
-def run(doc: dict[str, Any], *, haproxy: bool = True, ready_timeout_s: float = 300.0) -> Deployment:
-    """Validate, start Ray, deploy and wait. Raises ConfigError / StartupError."""
+def run(
+    doc: dict[str, Any],
+    *,
+    haproxy: bool = True,
+    ready_timeout_s: float = 300.0,
+    insecure_no_ray_auth: bool = False,
+) -> Deployment:
+    """Validate, start Ray, deploy and wait. Raises ConfigError / StartupError.
+    ``insecure_no_ray_auth``: Ray without token authentication (ray_auth.INSECURE_FLAG)."""
     gpus = gpu_count()
     # Unpinned shares must fit on this host's GPUs (one when serving on the CPU, which drops them).
     errors = check_deploy_config(doc, gpus=max(gpus, 1))
@@ -252,10 +306,12 @@ def run(doc: dict[str, Any], *, haproxy: bool = True, ready_timeout_s: float = 3
     doc.setdefault("http_options", {}).update({"host": host, "port": port})
     # Read here too: a key variable that yields no key, or a bad file, fails before Ray starts.
     keys = env.api_keys()
-    warning = exposure_warning(host, bool(keys))
-    warnings = [warning] if warning else []
-    if warning:
-        logger.warning(warning)  # now, before the minutes of start-up, and again at the end
+    auth = ray_auth.setup_token_auth(os.environ, insecure=insecure_no_ray_auth)
+    notes.append(auth.note)
+    early_warning = exposure_warning(host, bool(keys))
+    warnings = [early_warning] if early_warning else []
+    if early_warning:
+        logger.warning(early_warning)  # now, before the minutes of start-up, and again at the end
     elif keys:
         notes.append(
             f"API keys: {len(keys)} configured; inference, /v1/models and /v1/memory need one."
@@ -278,10 +334,22 @@ def run(doc: dict[str, Any], *, haproxy: bool = True, ready_timeout_s: float = 3
         haproxy,
         request_timeout_s=longest_request_timeout_s(doc),
         system_config=warmpool.system_config(*warmpool.app_settings(doc)),
+        auth=auth,
     )
     deploy(doc)
     url = f"http://{host}:{port}"
     wait_ready(url, ready_timeout_s)
+    # Once the replicas run: what Ray (and HAProxy) placed beyond loopback, said with the rest.
+    exposed = ray_listeners_beyond_loopback(port)
+    warning = exposure_warning(
+        host, bool(keys), ray_auth_enabled=auth.enabled, ray_listeners=exposed
+    )
+    # The full exposure warning replaces the early one (HTTP only); the others stay.
+    warnings = ([warning] if warning else []) + [w for w in warnings if w != early_warning]
+    note = ray_exposure_note(exposed) if auth.enabled else None
+    if note:
+        notes.append(note)
+    warnings.extend(auth.warnings)
     return Deployment(url=url, notes=notes, haproxy=haproxy, warnings=warnings)
 
 

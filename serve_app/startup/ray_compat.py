@@ -22,16 +22,19 @@ __all__ = [
     "DEFAULT_LOOK_BACK_PERIOD_S",
     "DEFAULT_METRICS_INTERVAL_S",
     "HAPROXY_RETRY_ON_VAR",
+    "LOOPBACK_NODE_VAR",
     "METRIC_RECORD_INTERVAL_FACTOR",
     "RAY_VERSION",
     "SERVE_REPLICA_MODULE",
     "deploy_config",
     "haproxy_retry_on_with_lines",
+    "keep_node_on_loopback",
     "metrics_export_port",
     "prestart_request",
     "prestart_workers",
     "proxy_start_timeout_s",
     "raylet_address",
+    "reread_auth_mode",
     "serve_details",
     "session_dir",
 ]
@@ -54,6 +57,49 @@ METRIC_RECORD_INTERVAL_FACTOR = 0.2
 CONTROL_LOOP_INTERVAL_S = 0.1
 
 HAPROXY_RETRY_ON_VAR = "RAY_SERVE_HAPROXY_RETRY_ON"
+
+# "0" keeps a single-node Ray's node IP on 127.0.0.1: ray.init swaps a loopback
+# _node_ip_address for the routable IP (ray/_private/services.py: resolve_ip_for_localhost ->
+# get_node_ip_address) unless this is off (ray/_private/ray_constants.py: ENABLE_RAY_CLUSTER,
+# read when Ray is imported), and the GCS, raylet, workers and agents bind the node IP's
+# interfaces (ray/dashboard/agent.py, http_server_agent.py). It also makes `ray start --address`
+# refuse to join (ray/scripts/scripts.py), so only a one-node cluster may set it.
+LOOPBACK_NODE_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def keep_node_on_loopback() -> None:
+    """Make a single-node Ray started by this process keep every listener on 127.0.0.1: the
+    variable for Ray's processes, and Ray's constant for this one (read when Ray was imported,
+    perhaps before)."""
+    import os
+
+    from ray._private import ray_constants
+
+    os.environ[LOOPBACK_NODE_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def reread_auth_mode() -> None:
+    """Make this process see the ``RAY_AUTH_MODE`` its environment has now, before it starts
+    Ray. Ray's C++ config reads it once, when Ray is imported; Ray refreshes it the same way
+    when it turns token auth on itself (ray/_private/authentication/
+    authentication_token_setup.py: _enable_token_auth). Nothing to do when the mode seen is
+    already the environment's (re-reading resets the whole config, so not while connected)."""
+    import os
+
+    import ray
+    from ray._raylet import (  # type: ignore[attr-defined]
+        AuthenticationMode,
+        Config,
+        get_authentication_mode,
+    )
+
+    token = os.environ.get("RAY_AUTH_MODE", "").lower() == "token"
+    if (get_authentication_mode() == AuthenticationMode.TOKEN) == token:
+        return
+    if ray.is_initialized():
+        raise RuntimeError("RAY_AUTH_MODE changed while this process is connected to Ray")
+    Config.initialize("")
 
 
 def haproxy_retry_on_with_lines(retry_on: str, *lines: str) -> str:

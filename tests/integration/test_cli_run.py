@@ -1,4 +1,5 @@
-"""`serve-app run` as a user runs it: a subprocess, /readyz, one request, SIGINT, exit 0."""
+"""`serve-app run` as a user runs it: a subprocess, /readyz, one request, what it listens on and
+Ray's token at the dashboard agent's job API, SIGINT, exit 0."""
 
 from __future__ import annotations
 
@@ -13,10 +14,78 @@ import httpx
 import yaml
 
 from serve_app.env import haproxy_config_path
+from serve_app.ops import listeners
 from serve_app.ops.ports import free_port, haproxy_side_ports
 from tests.helpers import wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
+
+# The programs of Ray's own processes, as listeners.process_name names them: its C++ servers,
+# its Python daemons, and every worker and agent (``ray::`` titles).
+RAY_PROGRAMS = {"gcs_server", "raylet", "dashboard.py", "monitor.py", "log_monitor.py"}
+JOB_API = "/api/job_agent/jobs/"  # the dashboard agent's job submission (ShadowRay's door)
+SERVE_REPLICA = "ray::ServeReplica:"
+
+
+def is_rays(listener: listeners.Listener) -> bool:
+    return listener.process in RAY_PROGRAMS or listener.process.startswith("ray::")
+
+
+def grpc_refuses_without_token(port: int) -> bool:
+    """Whether Serve's inter-deployment gRPC server on ``port`` answers a call that carries no
+    token with UNAUTHENTICATED (Ray's interceptor, before the request is handled)."""
+    import grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary("/ray.serve.ASGIService/HandleRequest")
+        try:
+            call(b"", timeout=10.0)
+        except grpc.RpcError as exc:
+            return bool(exc.code() == grpc.StatusCode.UNAUTHENTICATED)
+    return False
+
+
+def check_listeners_and_job_api(root_pid: int, http_port: int, side_ports: set[int]) -> list[str]:
+    """Every listener of the server's processes beyond loopback is Ray's own: a replica's
+    inter-deployment gRPC server, which Serve binds to every interface ("[::]:0" in
+    ray/serve/_private/replica.py) and which refuses a call without Ray's token; every other Ray
+    listener is on loopback (serve-app keeps its node on 127.0.0.1). The dashboard agent's job
+    API refuses a POST without the token and takes one with it. Returns the replicas' ports."""
+    found = listeners.listening_sockets(root_pid)
+    beyond = listeners.beyond_loopback(found)
+    # HAProxy's stats and Prometheus listeners (``side_ports``) are up, on loopback only
+    # (serve-app's HAProxy launcher rewrites Ray's `bind *:PORT`: ops/haproxy.py).
+    assert side_ports <= {i.port for i in found if i.process == "haproxy"}, found
+    others = beyond
+    assert all(is_rays(item) for item in others), [i.describe() for i in others]
+    forced = [i for i in others if i.process.startswith(SERVE_REPLICA)]
+    assert others == forced and len(forced) == 1, [i.describe() for i in others]
+    assert all(grpc_refuses_without_token(item.port) for item in forced)
+    names = {item.process for item in found}
+    assert {"gcs_server", "raylet", "ray::DashboardAgent"} <= names, names
+    assert any(item.port == http_port for item in found)
+    token = os.environ["RAY_AUTH_TOKEN"]  # tests/conftest.py's, which serve-app inherited
+    answers = {}
+    for item in found:
+        if item.process != "ray::DashboardAgent":
+            continue
+        url = f"http://127.0.0.1:{item.port}{JOB_API}"
+        try:
+            metrics = httpx.get(f"http://127.0.0.1:{item.port}/metrics", timeout=5.0)
+        except httpx.HTTPError:
+            continue  # one of the agent's gRPC ports
+        if metrics.status_code == 200:
+            continue  # its Prometheus exporter: open, read-only, on loopback (docs/security.md)
+        bare = httpx.post(url, json={}, timeout=5.0)
+        with_token = httpx.post(
+            url, json={}, headers={"Authorization": f"Bearer {token}"}, timeout=10.0
+        )
+        answers[item.port] = (bare.status_code, with_token.status_code)
+    assert len(answers) == 1, "the dashboard agent's HTTP server (its job API) not found"
+    for port, (bare, with_token) in answers.items():
+        assert bare in (401, 403), (port, bare)
+        assert with_token not in (401, 403), (port, with_token)
+    return [str(item.port) for item in forced]
 
 
 def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
@@ -27,7 +96,8 @@ def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
     config.write_text(yaml.safe_dump(doc))
     env = dict(os.environ)
     env.pop("SERVE_APP_FAKE_NVML", None)
-    env.update(haproxy_side_ports())
+    side_ports = haproxy_side_ports()
+    env.update(side_ports)
     haproxy_root = Path(haproxy_config_path()).parent
     dirs_before = set(haproxy_root.iterdir()) if haproxy_root.is_dir() else set()
     log = (tmp_path / "run.log").open("w+")
@@ -47,6 +117,9 @@ def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
             time.sleep(0.2)
         resp = httpx.post(f"{url}/v1/embeddings", json={"input": "hello"}, timeout=30.0)
         assert resp.status_code == 200 and len(resp.json()["data"][0]["embedding"]) == 384
+        grpc_ports = check_listeners_and_job_api(
+            proc.pid, port, {int(p) for p in side_ports.values()}
+        )
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=30)
@@ -59,6 +132,11 @@ def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
         log.seek(0)
         output = log.read()
     assert "No CUDA GPU found: serving on the CPU." in output, output[-3000:]
+    assert "Ray: token authentication on (RAY_AUTH_MODE=token)" in output
+    assert "the RAY_AUTH_TOKEN variable" in output
+    # The replica's gRPC port is said, as behind the token, and no warning is printed for it.
+    assert f"]:{grpc_ports[0]} (ray::ServeReplica:embeddings:model)" in output
+    assert "needs Ray's token" in output and "authentication is OFF" not in output
     assert f"serving at {url}" in output
     # HAProxy's per-node folder went with it.
     dirs_after = set(haproxy_root.iterdir()) if haproxy_root.is_dir() else set()

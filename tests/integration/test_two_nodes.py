@@ -182,6 +182,20 @@ def memory_doc(base: str) -> dict[str, Any]:
     return doc
 
 
+def test_serve_app_node_check_finds_its_settings_on_both_nodes(two_nodes: TwoNodes) -> None:
+    """`serve-app node --check` reads serve_app's variables and Ray's auth mode back from every
+    node: both were started as `serve-app node` starts them (ray_nodes), with token auth."""
+    done = subprocess.run(
+        [sys.executable, "-m", "serve_app", "node", "--check", two_nodes.gcs_address],
+        env=two_nodes.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "2 node(s); all set" in done.stdout, done.stdout[-2000:]
+
+
 def test_replicas_on_both_nodes_answer_and_the_head_survives_the_worker(
     two_nodes: TwoNodes,
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -217,12 +218,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     set_t0(t0)
     end = t0 + budget_s - FINAL_RESERVE_S
     for name, value in {
-        "RAY_AUTH_MODE": "disabled",
         "RAY_USAGE_STATS_ENABLED": "0",
         "PYTHONUNBUFFERED": "1",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # CUDA's indices as NVML's: the labels' UUIDs
     }.items():
         os.environ.setdefault(name, value)
+    # Ray with token auth, and one token for every node and driver of this run.
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
     out_dir: Path = a.out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="mg-", dir="/tmp"))  # short: Ray's socket paths

@@ -194,3 +194,15 @@ def test_a_directory_others_can_enter_is_not_ours(tmp_path: Path) -> None:
     assert haproxy.own_haproxies(str(tmp_path)) == []
     d.chmod(0o700)  # ours now, but the pid is this Python, not an HAProxy reading from there
     assert haproxy.own_haproxies(str(tmp_path)) == []
+
+
+def test_a_node_gets_its_own_private_directory_that_no_run_takes_for_stale(
+    tmp_path: Path,
+) -> None:
+    wanted = haproxy.node_private_files(base=str(tmp_path))
+    directory = Path(wanted["RAY_SERVE_HAPROXY_SOCKET_PATH"]).parent
+    assert directory.parent == tmp_path and directory.stat().st_mode & 0o777 == 0o700
+    assert all(v == str(directory) or v.startswith(f"{directory}/") for v in wanted.values())
+    if haproxy.BINARY_VAR in wanted:  # the launcher, when HAProxy is installed
+        assert Path(wanted[haproxy.BINARY_VAR]).stat().st_mode & 0o777 == 0o700
+    assert haproxy.own_haproxies(base=str(tmp_path)) == []

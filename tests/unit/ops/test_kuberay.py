@@ -1,5 +1,7 @@
 """deploy/kuberay/rayservice.yaml: its Serve config passes `serve-app check`, matches
-configs/gpu-shared.yaml, and every Ray container gets the variables `serve-app run` sets."""
+configs/gpu-shared.yaml, every Ray container gets the variables `serve-app run` sets, Ray's
+token auth is on, only the HTTP port is open beyond Ray's own pods (the NetworkPolicy), and the
+API keys reach only the containers whose replicas read them."""
 
 from __future__ import annotations
 
@@ -16,9 +18,16 @@ ROOT = Path(__file__).resolve().parents[3]
 MANIFEST = ROOT / "deploy" / "kuberay" / "rayservice.yaml"
 
 
+def documents() -> dict[str, dict[str, Any]]:
+    docs = list(yaml.safe_load_all(MANIFEST.read_text()))
+    by_kind = {doc["kind"]: doc for doc in docs}
+    assert len(by_kind) == len(docs) == 2, [d["kind"] for d in docs]
+    return by_kind
+
+
 def rayservice() -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load(MANIFEST.read_text())
-    assert doc["apiVersion"] == "ray.io/v1" and doc["kind"] == "RayService", doc.get("kind")
+    doc = documents()["RayService"]
+    assert doc["apiVersion"] == "ray.io/v1", doc["apiVersion"]
     return doc
 
 
@@ -29,10 +38,13 @@ def serve_config() -> dict[str, Any]:
     return doc
 
 
-def containers() -> list[dict[str, Any]]:
+def groups() -> list[dict[str, Any]]:
     cluster = rayservice()["spec"]["rayClusterConfig"]
-    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
-    return [c for g in groups for c in g["template"]["spec"]["containers"]]
+    return [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+
+
+def containers() -> list[dict[str, Any]]:
+    return [c for g in groups() for c in g["template"]["spec"]["containers"]]
 
 
 def test_embedded_serve_config_passes_check() -> None:
@@ -82,3 +94,64 @@ def test_the_head_preloads_what_serve_app_run_would() -> None:
     head = rayservice()["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]
     wanted = warmpool.system_config(*warmpool.app_settings(serve_config()))
     assert wanted and json.loads(head["system-config"]) == wanted
+
+
+def test_rays_token_auth_is_on_and_never_turned_off() -> None:
+    cluster = rayservice()["spec"]["rayClusterConfig"]
+    # KubeRay then makes the token's Secret and sets RAY_AUTH_MODE/RAY_AUTH_TOKEN everywhere.
+    assert cluster["authOptions"] == {"mode": "token"}
+    for container in containers():
+        names = {e["name"] for e in container["env"]}
+        assert not names & {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"}, container["name"]
+
+
+def test_no_dashboard_port_is_published() -> None:
+    for container in containers():
+        ports = {p["containerPort"] for p in container.get("ports", [])}
+        assert 8265 not in ports and 52365 not in ports, container["name"]
+        assert ports <= {6379, 8000}, container["name"]
+    head = rayservice()["spec"]["rayClusterConfig"]["headGroupSpec"]
+    assert "dashboard-host" not in head["rayStartParams"]  # KubeRay's pod-network default
+
+
+def test_the_network_policy_admits_only_http_from_beyond_rays_pods() -> None:
+    policy = documents()["NetworkPolicy"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    for group in groups():  # it selects every Ray pod of the service
+        assert selector.items() <= group["template"]["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    rules = policy["spec"]["ingress"]
+    own = [r for r in rules if "ports" not in r]
+    assert own == [{"from": [{"podSelector": {"matchLabels": selector}}]}]  # Ray's own pods
+    anyone = [r for r in rules if "from" not in r]
+    assert anyone == [{"ports": [{"protocol": "TCP", "port": 8000}]}]
+    assert serve_config()["http_options"]["port"] == 8000
+    operator = [r for r in rules if "from" in r and "ports" in r]
+    assert len(operator) == 1 and operator[0]["ports"] == [{"protocol": "TCP", "port": 8265}]
+    (peer,) = operator[0]["from"]
+    assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "kuberay-operator"}
+
+
+def test_the_api_keys_reach_only_the_containers_whose_replicas_read_them() -> None:
+    cluster = rayservice()["spec"]["rayClusterConfig"]
+    head = cluster["headGroupSpec"]
+    assert head["rayStartParams"]["num-gpus"] == "0"
+    # Every deployment asks for a GPU share, so no replica can run on the head.
+    assert all(
+        d["ray_actor_options"]["num_gpus"] > 0
+        for app in serve_config()["applications"]
+        for d in app["deployments"]
+    )
+    (head_container,) = head["template"]["spec"]["containers"]
+    assert "volumeMounts" not in head_container and "volumes" not in head["template"]["spec"]
+    assert all(not e["name"].startswith("SERVE_APP_API_KEYS") for e in head_container["env"])
+    for group in cluster["workerGroupSpecs"]:
+        spec = group["template"]["spec"]
+        (container,) = spec["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        (mount,) = container["volumeMounts"]
+        assert env["SERVE_APP_API_KEYS_FILE"].startswith(mount["mountPath"] + "/")
+        assert mount["readOnly"] is True
+        (volume,) = spec["volumes"]
+        assert volume["name"] == mount["name"]
+        assert volume["secret"] == {"secretName": "serve-app-api-keys", "defaultMode": 0o400}

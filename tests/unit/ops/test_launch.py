@@ -1,5 +1,6 @@
-"""ops.launch without a cluster: the warning for serving beyond loopback without keys, and
-what start_ray gives ray.init and the environment (ray.init faked)."""
+"""ops.launch without a cluster: the warning for serving beyond loopback without keys or with
+Ray listening beyond it, and what start_ray gives ray.init and the environment (ray.init
+faked)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,15 @@ import pytest
 import ray
 
 from serve_app.ops import launch
+from serve_app.ops.listeners import Listener
+
+
+@pytest.fixture(autouse=True)
+def _rays_loopback_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """start_ray flips Ray's ENABLE_RAY_CLUSTER in this process: put it back after each test."""
+    from ray._private import ray_constants
+
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", ray_constants.ENABLE_RAY_CLUSTER)
 
 
 @pytest.mark.parametrize(
@@ -31,16 +41,47 @@ def test_serving_beyond_loopback_without_keys_warns(host: str, keys: bool, warns
         assert warning.startswith("WARNING") and "SERVE_APP_API_KEYS" in warning
 
 
-def test_start_ray_keeps_the_dashboard_off_and_ray_on_loopback(
+def test_ray_listening_beyond_loopback_is_noted_and_a_warning_without_its_token() -> None:
+    grpc = Listener("::", 41041, 7, "ray::ServeReplica:embeddings:model")
+    assert launch.exposure_warning("127.0.0.1", False, ray_listeners=[grpc]) is None
+    note = launch.ray_exposure_note([grpc])
+    assert note is not None and "[::]:41041 (ray::ServeReplica:embeddings:model)" in note
+    assert "needs Ray's token" in note and "firewall" in note
+    assert launch.ray_exposure_note([]) is None
+    open_ = launch.exposure_warning("127.0.0.1", True, ray_auth_enabled=False, ray_listeners=[grpc])
+    assert open_ is not None and open_.startswith("WARNING") and "authentication is OFF" in open_
+    assert "41041" in open_
+    both = launch.exposure_warning("0.0.0.0", False, ray_auth_enabled=False, ray_listeners=[grpc])
+    assert both is not None and "SERVE_APP_API_KEYS" in both and "41041" in both
+
+
+def test_start_ray_keeps_the_dashboard_off_and_ray_on_loopback_with_its_token(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from ray._private import ray_constants
+
     seen: dict[str, object] = {}
     monkeypatch.setattr(os, "environ", dict(os.environ))  # start_ray sets variables
     monkeypatch.setattr(ray, "init", lambda **kwargs: seen.update(kwargs))
-    launch.start_ray(num_gpus=0, haproxy=True)
+    auth = launch.start_ray(num_gpus=0, haproxy=True)
     assert seen["include_dashboard"] is False
     assert seen["_node_ip_address"] == "127.0.0.1"
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"  # Ray keeps it on loopback
+    assert ray_constants.ENABLE_RAY_CLUSTER is False
+    assert os.environ["RAY_AUTH_MODE"] == "token" and auth.enabled
     assert launch.http_address({}) == ("127.0.0.1", 8000)  # serve-app run's default bind
+
+
+def test_start_ray_refuses_disabled_auth_before_ray_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from serve_app.errors import StartupError
+
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    monkeypatch.setattr(ray, "init", lambda **kwargs: pytest.fail("Ray started"))
+    with pytest.raises(StartupError, match="--insecure-no-ray-auth"):
+        launch.start_ray(num_gpus=0, haproxy=True)
 
 
 def test_start_ray_keeps_the_users_own_values(monkeypatch: pytest.MonkeyPatch) -> None:

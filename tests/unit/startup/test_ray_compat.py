@@ -126,3 +126,37 @@ def test_outside_a_ray_session_there_is_no_node() -> None:
     session_dir, port, errors = json.loads(done.stdout.strip().splitlines()[-1])
     assert session_dir is None and port is None
     assert len(errors) == 2 and all("not connected to Ray" in (e or "") for e in errors), errors
+
+
+_LOOPBACK_AND_AUTH = """
+import json, os
+os.environ.pop("RAY_AUTH_MODE", None)
+import ray
+from ray._private import services
+from ray._raylet import AuthenticationMode, get_authentication_mode
+from serve_app.startup import ray_compat
+def seen():
+    token = get_authentication_mode() == AuthenticationMode.TOKEN
+    return [services.resolve_ip_for_localhost("127.0.0.1"), token]
+before = seen()
+ray_compat.keep_node_on_loopback()
+os.environ["RAY_AUTH_MODE"] = "token"
+ray_compat.reread_auth_mode()
+after = seen()
+print(json.dumps([before, after, os.environ[ray_compat.LOOPBACK_NODE_VAR]]))
+"""
+
+
+def test_loopback_stays_loopback_and_a_late_auth_mode_is_seen() -> None:
+    """In a fresh process, where Ray was imported before the mode was set, as in a test run."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _LOOPBACK_AND_AUTH], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, after, var = json.loads(done.stdout.strip().splitlines()[-1])
+    assert before[1] is False and after == ["127.0.0.1", True] and var == "0"
+    assert before[0] != "127.0.0.1"  # what Ray does unasked: the routable IP
