@@ -11,11 +11,11 @@ PY="${PYTHON:-python3}"
 .venv/bin/python -m pip install -qq --disable-pip-version-check -e '.[test]'
 # Ray with token auth and a fresh token per run, as serve-app runs it (docs/security.md).
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN="${RAY_AUTH_TOKEN:-$(python3 -c "import secrets; print(secrets.token_hex(32))")}" RAY_USAGE_STATS_ENABLED=0
-echo "== ruff"; .venv/bin/ruff check serve_app tests load_tests benchmarks research
+echo "== ruff"; .venv/bin/ruff check serve_app tests load_tests benchmarks research examples
 echo "== mypy"; .venv/bin/mypy serve_app
 echo "== pytest"
 set +e
-.venv/bin/python -m pytest -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
 code=$?
 set -e
 if [ "$code" -eq 5 ]; then

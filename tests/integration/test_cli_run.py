@@ -117,9 +117,11 @@ def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
             time.sleep(0.2)
         resp = httpx.post(f"{url}/v1/embeddings", json={"input": "hello"}, timeout=30.0)
         assert resp.status_code == 200 and len(resp.json()["data"][0]["embedding"]) == 384
-        grpc_ports = check_listeners_and_job_api(
-            proc.pid, port, {int(p) for p in side_ports.values()}
-        )
+        haproxy_pages = {  # the stats page and Prometheus endpoint (the others are Serve's)
+            int(side_ports[name])
+            for name in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+        }
+        grpc_ports = check_listeners_and_job_api(proc.pid, port, haproxy_pages)
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=30)

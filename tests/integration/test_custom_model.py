@@ -24,7 +24,7 @@ from tests.integration.test_schemathesis import schemathesis
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "custom_model" / "config.yaml"
 TEXTS = ["hello", "a longer text, with punctuation and digits 123", "", "\u00e9t\u00e9"]
-FUZZ_EXAMPLES = 150
+FUZZ_EXAMPLES = 60
 
 
 def expected(texts: list[str]) -> list[float]:

@@ -29,7 +29,7 @@ RUN_TIMEOUT_S = 300
 # What `serve-app run configs/cpu.yaml` serves, less the GPU.
 ARGS = {"adapter": "embeddings", "max_batch_size": 32, "batch_wait_timeout_s": 0.0}
 KEY = "schemathesis-key-5f2a"
-TEXT_EXAMPLES = 150
+TEXT_EXAMPLES = 60
 TEXT_ARGS = {"max_batch_size": 32, "max_inputs_per_request": 16, "batch_wait_timeout_s": 0.0}
 
 

@@ -131,6 +131,7 @@ def test_outside_a_ray_session_there_is_no_node() -> None:
 _LOOPBACK_AND_AUTH = """
 import json, os
 os.environ.pop("RAY_AUTH_MODE", None)
+os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # a test session's Ray set it
 import ray
 from ray._private import services
 from ray._raylet import AuthenticationMode, get_authentication_mode
