@@ -115,6 +115,7 @@ class ModelServer:
         self._stop = threading.Event()
         self._registry = get_registry()
         self._metrics = ReplicaMetrics()
+        self._batcher.on_queued = self._metrics.queued
         if self.partition.gpu_uuid is not None:
             # The node's NVML sampler: the report's GPU totals, and this replica's bytes
             # watched against its budget (escapes).
@@ -171,7 +172,9 @@ class ModelServer:
             # (An item too large on its own says nothing about the batch size, so the cap stays.)
             self._lower_batch_cap(failed_sizes[0])
         self.partition.after_batch()  # the cache policy, and the refit of the torch cap
-        self.stats.count(len(items), time.perf_counter() - started_s)
+        took_s = time.perf_counter() - started_s
+        self.stats.count(len(items), took_s)
+        self._metrics.batch_done(items, took_s)
         return outputs
 
     def _lower_batch_cap(self, failed_batch_size: int) -> None:
@@ -230,20 +233,25 @@ class ModelServer:
         return Ingress(routes, self._api_keys, protected)
 
     async def _infer(self, request: Request) -> Response:
+        since_s = time.perf_counter()
         try:
             self._batcher.check_room()  # a full queue: 503 before the body is even decoded
         except Overloaded as err:
             return error_response(err)
-        return await guarded(self._infer_body(request), self.args.request_timeout_s)
+        response = await guarded(self._infer_body(request), self.args.request_timeout_s)
+        self._metrics.request_done(since_s)
+        return response
 
     async def _infer_body(self, request: Request) -> Response:
         body = await read_body(request, self.args.max_body_bytes)
         content_type = request.headers.get("content-type", "")
         query = request.query_params if request.scope.get("query_string") else EMPTY_QUERY
+        decode_since_s = time.perf_counter()
         if self.model.decode_inline and len(body) <= INLINE_DECODE_MAX_BYTES:
             decoded = self.model.decode(body, content_type, query)
         else:
             decoded = await asyncio.to_thread(self.model.decode, body, content_type, query)
+        self._metrics.decoded(decode_since_s, len(body), len(decoded.items))
         results = await self._batcher.submit(decoded.items)
         for r in results:
             if isinstance(r, ItemError):  # an item the batch could not decode: a 4xx first,
@@ -257,7 +265,9 @@ class ModelServer:
                     f"({cap}) even on its own; send a smaller input",
                     param=f"input[{r.index}]",
                 )
+        encode_since_s = time.perf_counter()
         response = json_response(self.model.encode(results, decoded), headers=self._served_by)
+        self._metrics.encoded(encode_since_s)
         if self.first.seen(self.started):
             logger.info(
                 "first request answered %.2f s after the process started",
