@@ -165,7 +165,7 @@ class _Gauges:
     """The decision as Prometheus gauges; created on first use, never at import."""
 
     def __init__(self) -> None:
-        from ray.util.metrics import Gauge
+        from ray.util.metrics import Counter, Gauge
 
         tags = ("application", "deployment")
         self.target = Gauge(
@@ -178,12 +178,20 @@ class _Gauges:
             description="1 for the reason of the last decision, 0 for the others.",
             tag_keys=(*tags, "reason"),
         )
+        self.decisions = Counter(
+            "serve_app_autoscale_decisions_total",
+            description="Decisions that changed the target or its reason, by direction and reason.",
+            tag_keys=(*tags, "decision", "reason"),
+        )
 
     def export(self, app: str, deployment: str, decision: Decision) -> None:
         tags = {"application": app, "deployment": deployment}
         self.target.set(decision.target_replicas, tags=tags)
         for reason in Reason:
             self.reason.set(1.0 if reason is decision.reason else 0.0, {**tags, "reason": reason})
+        self.decisions.inc(
+            tags={**tags, "decision": str(decision.direction), "reason": str(decision.reason)}
+        )
 
 
 class HeadroomPolicy:
