@@ -56,6 +56,18 @@ __all__ = [
 
 logger = logging.getLogger("serve_app")
 DEFAULT_PORT = 8000
+# Ray's Prometheus endpoint (every metric, serve_app's included: docs/metrics.md), pinned so that
+# a scrape config can name it; on 127.0.0.1 as Ray's other ports. SERVE_APP_METRICS_PORT moves it.
+DEFAULT_METRICS_PORT = 8080
+METRICS_PORT_VAR = "SERVE_APP_METRICS_PORT"
+
+
+def metrics_port() -> int:
+    """The port Ray exports metrics on: SERVE_APP_METRICS_PORT, or DEFAULT_METRICS_PORT."""
+    value = os.environ.get(METRICS_PORT_VAR, str(DEFAULT_METRICS_PORT))
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise ConfigError(f"{METRICS_PORT_VAR}={value!r} is not a TCP port; set 1 to 65535")
+    return int(value)
 
 
 @dataclass
@@ -182,6 +194,7 @@ def start_ray(
         namespace="serve_app",
         log_to_driver=True,
         _system_config=dict(system_config) if system_config else None,
+        _metrics_export_port=metrics_port(),
     )
 
 
@@ -270,6 +283,11 @@ def run(doc: dict[str, Any], *, haproxy: bool = True, ready_timeout_s: float = 3
     mps_note = start_mps_if_needed(doc, gpus)
     if mps_note:
         notes.append(mps_note)
+    if not port_is_free(DEFAULT_HOST, metrics_port()):
+        raise StartupError(
+            f"the metrics port {DEFAULT_HOST}:{metrics_port()} is taken (another server's?); "
+            f"set {METRICS_PORT_VAR} to a free port"
+        )
     if haproxy:
         use_private_files()  # a fresh 0700 directory; shutdown removes it
     start_ray(
@@ -279,6 +297,10 @@ def run(doc: dict[str, Any], *, haproxy: bool = True, ready_timeout_s: float = 3
         system_config=warmpool.system_config(*warmpool.app_settings(doc)),
     )
     deploy(doc)
+    notes.append(
+        f"Metrics (Prometheus): http://{DEFAULT_HOST}:{metrics_port()}/metrics "
+        f"({METRICS_PORT_VAR} moves it; docs/metrics.md)."
+    )
     url = f"http://{host}:{port}"
     wait_ready(url, ready_timeout_s)
     return Deployment(url=url, notes=notes, haproxy=haproxy, warnings=warnings)
