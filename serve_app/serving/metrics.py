@@ -47,7 +47,7 @@ BYTE_BOUNDARIES = [256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 1677
 HISTOGRAMS: dict[str, tuple[str, list[float]]] = {
     "request_seconds": (
         "A request's time in the replica's handler, from routing to the response built "
-        "(4xx, 503 and 504 answers included).",
+        "(error answers included, but not a 503 for a full queue, refused before any work).",
         SECONDS_BOUNDARIES,
     ),
     "decode_seconds": (
@@ -89,16 +89,22 @@ ELSEWHERE = {
     "serve_app_autoscale_decisions_total": "counter, control/policy.py",
     "serve_app_budget_escape_bytes": "gauge, control/monitor.py",
 }
+# Ray Serve's own metrics that deploy/grafana uses, as scraped.
+RAY_SERVE_USED = {
+    "ray_serve_deployment_replica_healthy": "gauge, Ray Serve's controller: 1 per healthy replica",
+}
 
 
 def exported_names() -> dict[str, str]:
-    """Every metric serve_app exports, as Prometheus shows it (``ray_`` prefix), with its kind;
-    a histogram ``h`` is scraped as ``h_bucket``, ``h_sum`` and ``h_count``."""
+    """Every metric serve_app exports, as Prometheus shows it (``ray_`` prefix), with its kind,
+    and Ray Serve's that the dashboard uses; a histogram ``h`` is scraped as ``h_bucket``,
+    ``h_sum`` and ``h_count``."""
     names = {f"ray_serve_app_{k}": "gauge" for k in GAUGES}
     names.update({f"ray_serve_app_{k}_total": "counter" for k in COUNTERS})
     names.update({f"ray_serve_app_{k}": "histogram" for k in HISTOGRAMS})
     names.update({f"ray_serve_app_{k}_total": "counter" for k in ERROR_COUNTERS})
     names.update({f"ray_{k}": v.split(",")[0] for k, v in ELSEWHERE.items()})
+    names.update({k: v.split(",")[0] for k, v in RAY_SERVE_USED.items()})
     return names
 
 
