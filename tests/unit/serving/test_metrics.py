@@ -115,6 +115,16 @@ def test_names_carry_ray_prefix_and_units() -> None:
             assert bounds[0] <= 0.001 and bounds[-1] >= 10.0
 
 
+def test_a_local_histogram_counts_as_prometheus_buckets() -> None:
+    hist = metrics.LocalHistogram([0.001, 0.01, 1048576.0])
+    for value in (0.0005, 0.001, 0.002, 5.0, 2e6):
+        hist.observe(value)
+    # le: at or below the bound (0.001 falls in le="0.001"), cumulative, +Inf counts all
+    assert hist.cumulative() == [2, 3, 4, 5]
+    assert [d["le"] for d in hist.labels] == ["0.001", "0.01", "1048576", "+Inf"]
+    assert hist.sum == pytest.approx(0.0005 + 0.001 + 0.002 + 5.0 + 2e6)
+
+
 def test_batch_tokens_count_token_id_lists_only() -> None:
     assert metrics.batch_tokens([[101, 7, 102], [101, 102]]) == 5
     assert metrics.batch_tokens([b"jpeg bytes"]) is None
