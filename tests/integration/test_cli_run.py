@@ -13,6 +13,7 @@ import httpx
 import yaml
 
 from serve_app.env import haproxy_config_path
+from serve_app.ops.launch import METRICS_PORT_VAR
 from serve_app.ops.ports import free_port, haproxy_side_ports
 from tests.helpers import wait_http
 
@@ -28,6 +29,7 @@ def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
     env = dict(os.environ)
     env.pop("SERVE_APP_FAKE_NVML", None)
     env.update(haproxy_side_ports())
+    env[METRICS_PORT_VAR] = str(free_port())  # not the pinned default another server may hold
     haproxy_root = Path(haproxy_config_path()).parent
     dirs_before = set(haproxy_root.iterdir()) if haproxy_root.is_dir() else set()
     log = (tmp_path / "run.log").open("w+")
@@ -60,6 +62,7 @@ def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
         output = log.read()
     assert "No CUDA GPU found: serving on the CPU." in output, output[-3000:]
     assert f"serving at {url}" in output
+    assert f"Metrics (Prometheus): http://127.0.0.1:{env[METRICS_PORT_VAR]}/metrics" in output
     # HAProxy's per-node folder went with it.
     dirs_after = set(haproxy_root.iterdir()) if haproxy_root.is_dir() else set()
     assert dirs_after <= dirs_before, dirs_after - dirs_before
