@@ -185,6 +185,12 @@ def start_ray(
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
     for name, value in wanted.items():
         os.environ.setdefault(name, value)  # a user's own setting wins
+    metrics_at = metrics_port()
+    if not port_is_free(DEFAULT_HOST, metrics_at):
+        raise StartupError(
+            f"the metrics port {DEFAULT_HOST}:{metrics_at} is taken (another server's?); "
+            f"set {METRICS_PORT_VAR} to a free port"
+        )
     ray.init(
         address="local",
         num_cpus=num_cpus,
@@ -194,7 +200,7 @@ def start_ray(
         namespace="serve_app",
         log_to_driver=True,
         _system_config=dict(system_config) if system_config else None,
-        _metrics_export_port=metrics_port(),
+        _metrics_export_port=metrics_at,
     )
 
 
@@ -283,11 +289,6 @@ def run(doc: dict[str, Any], *, haproxy: bool = True, ready_timeout_s: float = 3
     mps_note = start_mps_if_needed(doc, gpus)
     if mps_note:
         notes.append(mps_note)
-    if not port_is_free(DEFAULT_HOST, metrics_port()):
-        raise StartupError(
-            f"the metrics port {DEFAULT_HOST}:{metrics_port()} is taken (another server's?); "
-            f"set {METRICS_PORT_VAR} to a free port"
-        )
     if haproxy:
         use_private_files()  # a fresh 0700 directory; shutdown removes it
     start_ray(
