@@ -118,6 +118,8 @@ class Batcher(Generic[T, R]):
         self._idle_work = idle_work  # one step per call; returns whether steps remain
         self._idle_work_at_s = time.monotonic()
         self._arrived_at_s = time.monotonic()  # the latest request's arrival
+        # Called with a request's wait once its first item joins a batch (serving/metrics).
+        self.on_queued: Callable[[float], None] | None = None
 
     @property
     def queued(self) -> int:
@@ -237,11 +239,14 @@ class Batcher(Generic[T, R]):
     def _take(self) -> list[tuple[_Request, int]]:
         """Up to ``max_batch_size`` (request, item index) pairs from the head of the queue."""
         batch: list[tuple[_Request, int]] = []
+        now_s = time.monotonic()
         while self._queue and len(batch) < self.max_batch_size:
             req = self._queue[0]
             if req.future.done():
                 self._drop_gone()
                 continue
+            if req.taken == 0 and self.on_queued is not None:
+                self.on_queued(now_s - req.enqueued_s)
             n = min(len(req.items) - req.taken, self.max_batch_size - len(batch))
             batch.extend((req, i) for i in range(req.taken, req.taken + n))
             req.taken += n
