@@ -30,7 +30,7 @@ DEFAULT_DEPLOYMENT_NAME = "model"
 IMPORT_PATH_SHAPE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 # A user model's wire spec by name: json (the generic POST /v1/predict) or a built-in family's.
 # Each has an entry in serve_app.adapters.custom.wires.WIRES (a unit test checks they agree).
-WireName = Literal["json", "embeddings"]
+WireName = Literal["json", "embeddings", "rerank", "predict"]
 
 
 def is_import_path(adapter: str) -> bool:
