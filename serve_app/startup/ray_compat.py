@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from contextvars import ContextVar
+
     from ray import ObjectRef
     from ray.serve.schema import ServeDeploySchema
 
@@ -36,6 +38,7 @@ __all__ = [
     "raylet_address",
     "reread_auth_mode",
     "serve_details",
+    "serve_request_context",
     "session_dir",
 ]
 
@@ -100,6 +103,19 @@ def reread_auth_mode() -> None:
     if ray.is_initialized():
         raise RuntimeError("RAY_AUTH_MODE changed while this process is connected to Ray")
     Config.initialize("")
+
+
+def serve_request_context() -> tuple[ContextVar[Any], type[Any]]:
+    """Serve's per-request context variable and its dataclass (``request_id``, ``route``,
+    ``app_name``, ...). Serve's log filter stamps each record of the ``ray.serve`` logger with
+    the ``request_id`` it holds (ray/serve/_private/logging_utils.py: ServeContextFilter);
+    direct ingress sets it from the ``x-request-id`` header as sent, or a new uuid4
+    (ray/serve/_private/replica.py: the direct-ingress ``request_id``). Source:
+    ray/serve/context.py (``_serve_request_context``, ``_RequestContext``). Checked by
+    tests/integration/test_request_ids.py."""
+    from ray.serve import context
+
+    return context._serve_request_context, context._RequestContext
 
 
 def haproxy_retry_on_with_lines(retry_on: str, *lines: str) -> str:
