@@ -43,6 +43,7 @@ SERVE_LOGGER = "ray.serve"  # Serve's documented logger for a deployment's own l
 _current: ContextVar[str] = ContextVar("serve_app_request_id", default="")
 # Serve's request context and its dataclass (attach_to_serve binds them in a replica).
 _serve: tuple[ContextVar[Any], type[Any]] | None = None
+_app: dict[str, str] = {}  # the replica's application, for a batch's lines
 
 R = TypeVar("R")
 
@@ -96,7 +97,7 @@ def in_batch(request_ids: Iterable[str], run: Callable[[Any], R], arg: Any) -> R
     token = _current.set(rid)
     serve_token = None
     if _serve is not None:
-        serve_token = _serve[0].set(_serve[1](request_id=rid))
+        serve_token = _serve[0].set(_serve[1](request_id=rid, **_app))
     try:
         return run(arg)
     finally:
@@ -121,9 +122,16 @@ def attach_to_serve(logger_name: str = "serve_app") -> None:
     """In a replica: bind Serve's request context, and send ``logger_name``'s records (at
     Serve's log level, ``logging_config.log_level``) through Serve's logger. Idempotent."""
     global _serve
+    from ray import serve
+    from ray.serve.exceptions import RayServeException
+
     from serve_app.startup.ray_compat import serve_request_context
 
     _serve = serve_request_context()
+    try:
+        _app.update(app_name=serve.get_replica_context().app_name)
+    except RayServeException:  # not in a replica (a test building one by hand)
+        pass
     ours = logging.getLogger(logger_name)
     serve_logger = logging.getLogger(SERVE_LOGGER)
     if not any(isinstance(h, _ToServe) for h in ours.handlers):
