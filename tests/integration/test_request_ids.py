@@ -91,7 +91,7 @@ def test_a_500s_error_id_line_and_traceback_carry_the_request_id(app: str) -> No
     line = next(r for r in found if f"error id {error_id}" in r["message"])
     assert line["levelname"] == "ERROR"
     assert "asked to fail by its input" in line["exc_text"]  # the traceback, on the same line
-    assert line["deployment"] == "model" and line["replica"] and line["application"] == APP
+    assert line["deployment"] == f"{APP}_model" and line["replica"] and line["application"] == APP
     # a success logs nothing of its own at INFO (the access log is off on purpose)
     ok = httpx.post(f"{app}/v1/predict", json={"inputs": [1]}, headers={"x-request-id": "ok-2"})
     assert ok.status_code == 200
