@@ -38,6 +38,7 @@ __all__ = [
     "raylet_address",
     "reread_auth_mode",
     "serve_details",
+    "serve_echoes_request_id",
     "serve_request_context",
     "session_dir",
 ]
@@ -116,6 +117,26 @@ def serve_request_context() -> tuple[ContextVar[Any], type[Any]]:
     from ray.serve import context
 
     return context._serve_request_context, context._RequestContext
+
+
+# Serve wraps every HTTP server it runs (the proxy's, and each replica's under direct ingress) in
+# its RequestIdMiddleware, which gives the app a ``send`` that appends ``X-Request-ID`` with the
+# id the request came with, as sent (ray/serve/_private/http_util.py: RequestIdMiddleware,
+# _apply_middlewares; start_asgi_http_server applies it).
+SERVE_ECHO_SEND = "RequestIdMiddleware.__call__.<locals>.send_with_request_id"
+
+
+def serve_echoes_request_id(send: Any, request_id: str) -> bool:
+    """Whether ``send`` is Serve's RequestIdMiddleware's, which will append ``X-Request-ID``
+    itself; if so, it is made to append ``request_id`` (its closure's ``request_id``), so that
+    a replaced id is what the client sees and a bad one is never echoed. Checked by
+    tests/unit/serving/test_requestid.py on Serve's own middleware."""
+    if getattr(send, "__qualname__", "") != SERVE_ECHO_SEND:
+        return False
+    cell = send.__closure__[send.__code__.co_freevars.index("request_id")]
+    if cell.cell_contents != request_id:
+        cell.cell_contents = request_id
+    return True
 
 
 def haproxy_retry_on_with_lines(retry_on: str, *lines: str) -> str:
