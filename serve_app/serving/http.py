@@ -246,7 +246,8 @@ class Ingress:
                     response = await handler(Request(scope, receive))
                 except Exception:  # noqa: BLE001 - a JSON 500 with an id, never a bare one
                     response = internal_error("request")
-        response.raw_headers.append((requestid.HEADER_BYTES, request_id.encode()))
+        if not requestid.echoed_by_serve(send, request_id):
+            response.raw_headers.append((requestid.HEADER_BYTES, request_id.encode()))
         await response(scope, receive, send)
 
     def _route_at(self, scope: Scope) -> str | None:

@@ -10,6 +10,9 @@ Where the id lives while a request runs:
   ``request_id`` (``logging_config: {encoding: JSON}``), or the text line's id. Serve 2.60's
   direct ingress sets it from ``x-request-id`` as sent (unchecked) or to a new uuid4; a bad id
   is replaced there too, so that Serve's lines and ours name the same id.
+- The response: Serve's RequestIdMiddleware, around every HTTP server Serve runs, appends
+  ``X-Request-ID`` with the id as the client sent it; it is made to append ours instead
+  (``echoed_by_serve``), and without it (a bare ASGI server) the edge adds the header.
 - The model thread: a batch runs under the ids of its requests, joined by commas (``in_batch``),
   so a batch's log lines (a user model's error id among them) name every request in it.
 
@@ -33,6 +36,8 @@ from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any, TypeVar
+
+from serve_app.startup.ray_compat import serve_echoes_request_id, serve_request_context
 
 HEADER = "x-request-id"
 HEADER_BYTES = HEADER.encode()
@@ -90,6 +95,13 @@ def begin(headers: Iterable[tuple[bytes, bytes]]) -> str:
     return rid
 
 
+def echoed_by_serve(send: Any, request_id: str) -> bool:
+    """Whether Serve's own middleware answers with ``x-request-id`` (under every Serve HTTP
+    server it does, with the id as sent: it is made to send ``request_id``); if not, the
+    caller adds the header."""
+    return serve_echoes_request_id(send, request_id)
+
+
 def in_batch(request_ids: Iterable[str], run: Callable[[Any], R], arg: Any) -> R:
     """``run(arg)`` (on the model thread) with the batch's request ids, each once and in order,
     joined by commas, as the current id of its log lines."""
@@ -124,8 +136,6 @@ def attach_to_serve(logger_name: str = "serve_app") -> None:
     global _serve
     from ray import serve
     from ray.serve.exceptions import RayServeException
-
-    from serve_app.startup.ray_compat import serve_request_context
 
     _serve = serve_request_context()
     try:

@@ -226,3 +226,24 @@ def test_the_batchers_model_thread_sees_its_batchs_ids_not_the_first_requests(
     asyncio.run(main())
     assert seen == ["first", "b,c"]
     assert worker_ids == [""]  # the worker task, made in the first request, is no request's
+
+
+@pytest.mark.anyio
+async def test_under_serves_own_middleware_the_answer_has_one_header_never_a_bad_id(
+    monkeypatch,
+) -> None:
+    """Serve wraps each HTTP server it runs in RequestIdMiddleware, which echoes the id as
+    sent: the edge makes it echo the request's id instead, and adds none of its own."""
+    from ray.serve._private.http_util import RequestIdMiddleware
+
+    monkeypatch.setattr(requestid, "_serve", None)
+    app = RequestIdMiddleware(Ingress({"/ok": {"GET": _ok}}))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        ok = await client.get("/ok", headers={"x-request-id": "r-2"})
+        assert ok.headers.get_list("x-request-id") == ["r-2"] and ok.json() == {"id": "r-2"}
+        bad = await client.get("/nope", headers={"x-request-id": "a b<c>"})
+        (echoed,) = bad.headers.get_list("x-request-id")
+        assert FRESH.fullmatch(echoed) and bad.json()["error"]["request_id"] == echoed
+        none = await client.get("/ok")  # Serve's middleware made one: the request's id
+        assert none.headers.get_list("x-request-id") == [none.json()["id"]]
