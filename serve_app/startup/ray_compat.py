@@ -122,21 +122,33 @@ def serve_request_context() -> tuple[ContextVar[Any], type[Any]]:
 # Serve wraps every HTTP server it runs (the proxy's, and each replica's under direct ingress) in
 # its RequestIdMiddleware, which gives the app a ``send`` that appends ``X-Request-ID`` with the
 # id the request came with, as sent (ray/serve/_private/http_util.py: RequestIdMiddleware,
-# _apply_middlewares; start_asgi_http_server applies it).
+# _apply_middlewares; start_asgi_http_server applies it). Direct ingress hands the app its own
+# ``send`` around that one (ray/serve/_private/replica.py: send_user_message, a closure over
+# ``send``).
 SERVE_ECHO_SEND = "RequestIdMiddleware.__call__.<locals>.send_with_request_id"
+SEND_WRAPS_MAX = 4
 
 
 def serve_echoes_request_id(send: Any, request_id: str) -> bool:
-    """Whether ``send`` is Serve's RequestIdMiddleware's, which will append ``X-Request-ID``
-    itself; if so, it is made to append ``request_id`` (its closure's ``request_id``), so that
-    a replaced id is what the client sees and a bad one is never echoed. Checked by
-    tests/unit/serving/test_requestid.py on Serve's own middleware."""
-    if getattr(send, "__qualname__", "") != SERVE_ECHO_SEND:
-        return False
-    cell = send.__closure__[send.__code__.co_freevars.index("request_id")]
-    if cell.cell_contents != request_id:
-        cell.cell_contents = request_id
-    return True
+    """Find Serve's RequestIdMiddleware ``send`` behind ``send`` (through closures over a
+    ``send``) and make it append ``request_id`` (its closure's ``request_id``), so that a
+    replaced id is what the client sees and a bad one is never echoed. False when there is
+    none within reach. Checked by tests/unit/serving/test_requestid.py on Serve's middleware
+    and by tests/integration/test_request_ids.py on a replica's server."""
+    fn = send
+    for _ in range(SEND_WRAPS_MAX):
+        code = getattr(fn, "__code__", None)
+        if code is None or not fn.__closure__:
+            return False
+        if fn.__qualname__ == SERVE_ECHO_SEND:
+            cell = fn.__closure__[code.co_freevars.index("request_id")]
+            if cell.cell_contents != request_id:
+                cell.cell_contents = request_id
+            return True
+        if "send" not in code.co_freevars:
+            return False
+        fn = fn.__closure__[code.co_freevars.index("send")].cell_contents
+    return False
 
 
 def haproxy_retry_on_with_lines(retry_on: str, *lines: str) -> str:
