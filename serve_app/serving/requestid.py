@@ -11,8 +11,8 @@ Where the id lives while a request runs:
   direct ingress sets it from ``x-request-id`` as sent (unchecked) or to a new uuid4; a bad id
   is replaced there too, so that Serve's lines and ours name the same id.
 - The response: Serve's RequestIdMiddleware, around every HTTP server Serve runs, appends
-  ``X-Request-ID`` with the id as the client sent it; it is made to append ours instead
-  (``echoed_by_serve``), and without it (a bare ASGI server) the edge adds the header.
+  ``X-Request-ID`` with the id as the client sent it; under direct ingress it is made to
+  append ours instead (``echoed_by_serve``). Outside Serve the edge adds the header.
 - The model thread: a batch runs under the ids of its requests, joined by commas (``in_batch``),
   so a batch's log lines (a user model's error id among them) name every request in it.
 
@@ -96,10 +96,14 @@ def begin(headers: Iterable[tuple[bytes, bytes]]) -> str:
 
 
 def echoed_by_serve(send: Any, request_id: str) -> bool:
-    """Whether Serve's own middleware answers with ``x-request-id`` (under every Serve HTTP
-    server it does, with the id as sent: it is made to send ``request_id``); if not, the
-    caller adds the header."""
-    return serve_echoes_request_id(send, request_id)
+    """Whether Serve answers with ``x-request-id`` itself: in a replica it always does (its
+    RequestIdMiddleware, around the replica's own server and the proxy's), with the id as
+    sent; where that middleware is within reach it is made to send ``request_id``. Outside
+    Serve (a bare ASGI server) the caller adds the header."""
+    if _serve is None:
+        return False
+    serve_echoes_request_id(send, request_id)
+    return True
 
 
 def in_batch(request_ids: Iterable[str], run: Callable[[Any], R], arg: Any) -> R:

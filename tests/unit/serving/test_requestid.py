@@ -228,16 +228,30 @@ def test_the_batchers_model_thread_sees_its_batchs_ids_not_the_first_requests(
     assert worker_ids == [""]  # the worker task, made in the first request, is no request's
 
 
+class _DirectIngress:
+    """As Serve's direct ingress calls the app: with a ``send`` of its own around the server's
+    (ray/serve/_private/replica.py: send_user_message)."""
+
+    def __init__(self, app: Ingress):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        async def send_user_message(message) -> None:  # type: ignore[no-untyped-def]
+            await send(message)
+
+        await self.app(scope, receive, send_user_message)
+
+
 @pytest.mark.anyio
 async def test_under_serves_own_middleware_the_answer_has_one_header_never_a_bad_id(
-    monkeypatch,
+    serve_context,
 ) -> None:
     """Serve wraps each HTTP server it runs in RequestIdMiddleware, which echoes the id as
-    sent: the edge makes it echo the request's id instead, and adds none of its own."""
+    sent: in a replica the edge adds no header of its own and makes the middleware echo the
+    request's id."""
     from ray.serve._private.http_util import RequestIdMiddleware
 
-    monkeypatch.setattr(requestid, "_serve", None)
-    app = RequestIdMiddleware(Ingress({"/ok": {"GET": _ok}}))
+    app = RequestIdMiddleware(_DirectIngress(Ingress({"/ok": {"GET": _ok}})))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
         ok = await client.get("/ok", headers={"x-request-id": "r-2"})
