@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from serve_app.ops.haproxy import haproxy_servers
 from serve_app.startup.ray_compat import session_dir
 
 APP = "reqid"
@@ -31,8 +32,26 @@ def app(cluster) -> Iterator[str]:
         ray_actor_options={"num_cpus": 0.25},
         logging_config=LOGS,
     )
+    # Until HAProxy has the replica UP it sends requests to Serve's fallback proxy, whose own
+    # middleware echoes x-request-id as sent (docs/logging.md): wait for the replica's server.
+    wait_replica_up()
     yield base
     cluster.delete(APP)
+
+
+def wait_replica_up(timeout_s: float = 60.0) -> None:
+    import ray
+
+    node_id = ray.get_runtime_context().get_node_id()
+    prefix = f"http-{APP}/SERVE_REPLICA_{APP}-model-"
+    deadline = time.monotonic() + timeout_s
+    servers: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        servers = haproxy_servers(node_id)
+        if any(k.startswith(prefix) and v["status"] == "UP" for k, v in servers.items()):
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"no {prefix}* server UP in HAProxy after {timeout_s:.0f} s: {servers}")
 
 
 def records() -> list[dict[str, Any]]:
