@@ -26,6 +26,7 @@ batches wanted), so a request waits for at most one step.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import math
 import time
@@ -35,6 +36,7 @@ from concurrent.futures import Executor
 from typing import Any, Generic, TypeVar
 
 from serve_app.errors import Overloaded
+from serve_app.serving import requestid
 
 logger = logging.getLogger("serve_app")
 
@@ -46,7 +48,16 @@ class _Request:
     """One caller's items in the queue: ``taken`` of them are in a batch already, and the one
     future resolves once every output is in ``outputs``."""
 
-    __slots__ = ("items", "outputs", "pending", "taken", "future", "enqueued_s", "counted")
+    __slots__ = (
+        "items",
+        "outputs",
+        "pending",
+        "taken",
+        "future",
+        "enqueued_s",
+        "counted",
+        "request_id",
+    )
 
     def __init__(self, items: Sequence[Any], future: asyncio.Future[list[Any]], now_s: float):
         self.items = items
@@ -56,6 +67,7 @@ class _Request:
         self.future = future
         self.enqueued_s = now_s
         self.counted = True  # its untaken items are in Batcher._queued
+        self.request_id = requestid.current()  # its batches' log lines name it
 
 
 class BatchSizeMismatch(RuntimeError):
@@ -159,7 +171,10 @@ class Batcher(Generic[T, R]):
         loop = asyncio.get_running_loop()
         if self._worker is None or self._worker.done():
             self._wakeup = asyncio.Event()
-            self._worker = loop.create_task(self._work(), name="serve_app-batcher")
+            # A context of its own: not the first request's, whose id its lines would carry.
+            self._worker = loop.create_task(
+                self._work(), name="serve_app-batcher", context=contextvars.Context()
+            )
         future: asyncio.Future[list[Any]] = loop.create_future()
         req = _Request(items, future, time.monotonic())
         self._queue.append(req)
@@ -312,7 +327,11 @@ class Batcher(Generic[T, R]):
         started_s = time.perf_counter()
         try:
             outputs = await loop.run_in_executor(
-                self._executor, self._run_batch, [req.items[i] for req, i in batch]
+                self._executor,
+                requestid.in_batch,
+                [req.request_id for req, _ in batch],
+                self._run_batch,
+                [req.items[i] for req, i in batch],
             )
             self._measure(len(batch), time.perf_counter() - started_s)
             if len(outputs) != len(batch):
