@@ -23,22 +23,58 @@ def _default_config() -> str:
     return str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else "configs/default.yaml"
 
 
-def cmd_check(path: str, gpus: int = 1) -> int:
+def cmd_check(
+    path: str, gpus: int = 1, gpu_memory: list[str] | None = None, write_shares: str | None = None
+) -> int:
     from serve_app.config.deploy import check_deploy_config, load_deploy_config
     from serve_app.errors import ConfigError
+    from serve_app.plan import derive
 
     try:
         doc = load_deploy_config(path)
-    except ConfigError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
+        facts = derive.facts_from_flags(gpu_memory) if gpu_memory else derive.facts_from_nvml()
+    except (ConfigError, ValueError) as exc:
+        print(f"error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 2
-    errors = check_deploy_config(doc, gpus=gpus)
+    doc, notes, errors = derive.derive_shares(doc, facts)
+    for note in notes:
+        print(f"note: {note}")
+    errors += check_deploy_config(doc, gpus=gpus)
     for line in errors:
         print(f"error: {line}", file=sys.stderr)
     if errors:
         return 2
+    if write_shares:
+        import yaml
+
+        Path(write_shares).write_text(yaml.safe_dump(doc, sort_keys=False))
+        print(f"{path}: OK; wrote {write_shares} with the derived num_gpus")
+        return 0
     print(f"{path}: OK")
     return 0
+
+
+def budgets_for_run(doc: dict[str, object]) -> tuple[dict[str, object], list[str]]:
+    """``serve-app run``: num_gpus derived from memory.budget on this host's GPUs (NVML), or,
+    with no GPU, the budgets dropped as num_gpus is (said). ConfigError when one cannot be."""
+    import copy
+
+    from serve_app.errors import ConfigError
+    from serve_app.plan import derive
+
+    facts = derive.facts_from_nvml()
+    if not facts.any:
+        doc = copy.deepcopy(doc)
+        notes = []
+        for app in doc.get("applications") or []:  # type: ignore[attr-defined]
+            memory = ((app.get("args") or {}).get("memory") or {}) if isinstance(app, dict) else {}
+            if isinstance(memory, dict) and memory.pop("budget", None) is not None:
+                notes.append(f"no GPU: {app.get('name')}'s memory.budget is ignored on the CPU")
+        return doc, notes
+    derived, notes, errors = derive.derive_shares(doc, facts)  # type: ignore[arg-type]
+    if errors:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+    return derived, notes
 
 
 def cmd_run(path: str, haproxy: bool, ready_timeout_s: float, insecure: bool = False) -> int:
@@ -48,7 +84,9 @@ def cmd_run(path: str, haproxy: bool, ready_timeout_s: float, insecure: bool = F
 
     stop = threading.Event()
     try:
-        doc = load_deploy_config(path)
+        doc, budget_notes = budgets_for_run(load_deploy_config(path))
+        for note in budget_notes:
+            print(note, flush=True)
         started = launch.run(
             doc, haproxy=haproxy, ready_timeout_s=ready_timeout_s, insecure_no_ray_auth=insecure
         )
@@ -182,12 +220,25 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument(
         "--gpus", type=int, default=1, help="GPUs the unpinned GPU shares may spread over"
     )
+    check.add_argument(
+        "--gpu-memory",
+        action="append",
+        metavar="[TYPE=|GPU-UUID=]BYTES",
+        help="the memory of the GPUs a memory.budget is a share of (e.g. 150754820096, 141GiB, "
+        "H200=141GiB); default: this host's GPUs through NVML (docs/planning.md)",
+    )
+    check.add_argument(
+        "--write-shares",
+        metavar="OUT",
+        help="write CONFIG with the num_gpus derived from each memory.budget to OUT, for "
+        "serve deploy",
+    )
     status = sub.add_parser("status", help="per-replica memory table of a running app")
     status.add_argument("--url", default="http://127.0.0.1:8000")
     status.add_argument("--json", action="store_true")
     ns = parser.parse_args(argv)
     if ns.command == "check":
-        return cmd_check(ns.config, max(ns.gpus, 1))
+        return cmd_check(ns.config, max(ns.gpus, 1), ns.gpu_memory, ns.write_shares)
     if ns.command == "run":
         return cmd_run(ns.config, not ns.no_haproxy, ns.ready_timeout_s, ns.insecure_no_ray_auth)
     if ns.command == "node":
