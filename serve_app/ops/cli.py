@@ -166,6 +166,54 @@ def cmd_node(ns: argparse.Namespace) -> int:
         return 2
 
 
+def cmd_plan(config: str, measurements: str, out: str) -> int:
+    from serve_app.config.deploy import check_deploy_config, load_deploy_config
+    from serve_app.errors import ServeAppError
+    from serve_app.plan import measurements as meas
+    from serve_app.plan import solver, write
+
+    try:
+        doc = load_deploy_config(config)
+        m = meas.load_measurements(measurements)
+        problem = meas.to_problem(m)
+        plan = solver.solve(problem)
+        planned, notes = write.apply_plan(doc, plan, m)
+    except solver.Infeasible as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ServeAppError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    gpus = len(problem.gpus)
+    errors = check_deploy_config(planned, gpus=gpus)
+    for line in errors:  # a plan the shares check refuses is a bug of the planner: say it
+        print(f"error: the written plan fails serve-app check: {line}", file=sys.stderr)
+    if errors:
+        return 1
+    import yaml
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    header = (
+        f"# Written by serve-app plan from {config} and {measurements} (docs/planning.md):\n"
+        "# num_replicas, num_gpus, num_cpus, memory.budget and max_batch_size are the plan's.\n"
+    )
+    text = header + yaml.safe_dump(planned, sort_keys=False)
+    (folder / "serve_config.yaml").write_text(text)
+    (folder / "plan.json").write_text(json.dumps(write.plan_json(plan, m), indent=1) + "\n")
+    report = write.report_markdown(plan, m, Path(config).name)
+    (folder / "plan.md").write_text(report)
+    for note in notes:
+        print(f"note: {note}")
+    print(report)
+    print(
+        f"wrote {folder / 'serve_config.yaml'} (serve deploy / serve-app run; check it with "
+        f"serve-app check --gpus {gpus}), plan.json and plan.md; the plot: "
+        f"python -m load_tests.plan_plot {folder / 'plan.json'}"
+    )
+    return 0
+
+
 def cmd_status(url: str, as_json: bool) -> int:
     from serve_app.errors import ServeAppError
     from serve_app.ops.status import read_memory_report, render_status
@@ -233,6 +281,19 @@ def main(argv: list[str] | None = None) -> int:
         help="write CONFIG with the num_gpus derived from each memory.budget to OUT, for "
         "serve deploy",
     )
+    plan = sub.add_parser(
+        "plan",
+        help="pack CONFIG's models onto GPUs and cores from a measurements file; write the "
+        "Serve config and a report",
+        description="Solves the packing (replicas x share per model per GPU: memory and cores "
+        "less the reserve, each model's p99 target at its load, the most weighted throughput) "
+        "from MEASUREMENTS (JSON, docs/planning.md) and writes OUT/serve_config.yaml, "
+        "OUT/plan.json and OUT/plan.md. The measuring half (on a GPU) is not built yet: write "
+        "the measurements from your own runs or from committed results.",
+    )
+    plan.add_argument("config")
+    plan.add_argument("--measurements", required=True, help="the measurements JSON")
+    plan.add_argument("--out", required=True, help="folder for the config and the report")
     status = sub.add_parser("status", help="per-replica memory table of a running app")
     status.add_argument("--url", default="http://127.0.0.1:8000")
     status.add_argument("--json", action="store_true")
@@ -243,4 +304,6 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_run(ns.config, not ns.no_haproxy, ns.ready_timeout_s, ns.insecure_no_ray_auth)
     if ns.command == "node":
         return cmd_node(ns)
+    if ns.command == "plan":
+        return cmd_plan(ns.config, ns.measurements, ns.out)
     return cmd_status(ns.url, ns.json)
