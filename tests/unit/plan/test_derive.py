@@ -133,3 +133,12 @@ def test_check_write_shares_writes_a_file_serve_deploy_takes(
     assert written["applications"][0]["deployments"][0]["ray_actor_options"]["num_gpus"] == 0.0428
     assert main(["check", str(out)]) == 0
     assert "num_gpus 0.0428" in capsys.readouterr().out
+
+
+def test_serve_app_run_on_a_host_without_a_gpu_drops_the_budget_and_says_so() -> None:
+    from serve_app.ops.cli import budgets_for_run
+
+    doc, notes = budgets_for_run(doc_with("6GiB", {"num_cpus": 1}))  # this host: no GPU
+    assert "budget" not in doc["applications"][0]["args"]["memory"]
+    assert notes == ["no GPU: emb's memory.budget is ignored on the CPU"]
+    assert check_deploy_config(doc) == []
