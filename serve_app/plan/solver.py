@@ -2,8 +2,9 @@
 
 Pure: no Ray, no GPU, no files. It takes a ``Problem`` (what was measured and what is asked)
 and returns a ``Plan`` or raises ``Infeasible`` naming what cannot be met. The search is an
-exact mixed-integer program (scipy's HiGHS, ``mip_rel_gap`` 0), so a plan is optimal for its
-model of the world, and the properties in tests/unit/plan/test_solver.py hold by construction:
+exact mixed-integer program (scipy's HiGHS, ``mip_rel_gap`` 0), so a plan's throughput is
+optimal for its model of the world (a search past 30 s is refused, never returned unproven),
+and the properties in tests/unit/plan/test_solver.py hold by construction:
 
 - memory: on each GPU the shares, in Ray's unit (1/10000 of a GPU), fit the GPU less its
   reserve; a share is the model's budget in bytes over the smallest GPU, rounded up;
@@ -210,7 +211,6 @@ def solve(problem: Problem) -> Plan:
                 rows.append(({var("x", i, c, g): 1.0, var("r", i, c, g): -rate}, -np.inf, 0))
         if m.load_rps is not None:  # its load, carried within the p99 target
             rows.append((xs, m.load_rps, m.load_rps))
-    prev_mem: dict[int, float] = {}
     for g, gpu in enumerate(gpus):
         mem: dict[int, float] = {}
         cores: dict[int, float] = {}
@@ -224,9 +224,6 @@ def solve(problem: Problem) -> Plan:
         rows.append((mem, -np.inf, units_cap(gpu, reserve.memory_bytes)))
         rows.append((cores, -np.inf, gpu.cores - reserve.cores + 1e-9))
         rows.append((busy, -np.inf, 1.0 - reserve.gpu_time + 1e-9))
-        if g and gpus[g - 1] == gpu:  # identical GPUs: order them by shares held (symmetry)
-            rows.append((prev_mem | {j: -v for j, v in mem.items()}, 0, np.inf))
-        prev_mem = mem
     gain = np.zeros(n)
     for i, m in enumerate(models):
         if m.load_rps is None:
@@ -239,12 +236,15 @@ def solve(problem: Problem) -> Plan:
         for j, v in coefs.items():
             matrix[row_i, j] = v
     cons = [LinearConstraint(matrix, [r[1] for r in rows], [r[2] for r in rows])]
-    opts = {"mip_rel_gap": 0.0, "time_limit": 10.0}
+    opts = {"mip_rel_gap": 0.0, "time_limit": 30.0}
     first = milp(-gain, constraints=cons, integrality=integral, bounds=Bounds(lo, hi), options=opts)
-    if first.x is None:
+    if first.status == 2:
         raise Infeasible(_why_infeasible(problem))
+    if first.status != 0 or first.x is None:  # the time limit: no plan proven the best
+        raise Infeasible(f"the search did not finish in {opts['time_limit']:g} s: {first.message}")
     best = float(gain @ first.x)
-    # Second pass: among the best plans, the one holding the fewest shares (room to spare).
+    # Second pass: among the best plans, the one holding the fewest shares (room to spare). Its
+    # throughput is the first pass's optimum; only the tidying is bounded (0.5 s, best found).
     units_cost = np.zeros(n)
     for key, j in index.items():
         if key[0] == "r":
@@ -252,7 +252,7 @@ def solve(problem: Problem) -> Plan:
             units_cost[j] = share_units(cand.budget_bytes, smallest)
     keep = LinearConstraint(gain.reshape(1, -1), best - 1e-7 * max(1.0, best), np.inf)
     second = milp(units_cost, constraints=[*cons, keep], integrality=integral,
-                  bounds=Bounds(lo, hi), options=opts)  # fmt: skip
+                  bounds=Bounds(lo, hi), options={**opts, "time_limit": 0.5})  # fmt: skip
     x = second.x if second.x is not None else first.x
     return _read_plan(problem, cands, index, np.round(x, 6), smallest, best + constant)
 

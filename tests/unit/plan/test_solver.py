@@ -152,18 +152,19 @@ def test_the_cores_bind_minilm_on_a_16_core_host() -> None:
     assert plan.gpus[0].binds == ("cores",)
 
 
-def test_six_models_on_eight_gpus_solve_in_seconds() -> None:
-    """Measured here: 0.04 to 2.2 s on 1 to 8 GPUs (two exact passes); the brief asked < 1 s."""
+def test_six_models_on_eight_gpus_solve_in_under_a_second() -> None:
+    """The issue's sizes: 6 models, 8 GPUs, under a second (0.8 s measured here, on a shared
+    2-core machine)."""
     cand = [Candidate(32, (2 + i) * GIB, 300.0 + 50 * i, 0.01, 0.001 * (i + 1)) for i in range(6)]
     models = tuple(
         ModelAsk(f"m{i}", (cand[i], dataclasses.replace(cand[i], batch_size=64, budget_bytes=
                  cand[i].budget_bytes * 2, throughput_rps=cand[i].throughput_rps * 1.3)),
-                 p99_target_s=0.2, load_rps=None if i % 2 else 100.0, max_replicas=24)
+                 p99_target_s=0.2, load_rps=None if i % 2 else 200.0, max_replicas=24)
         for i in range(6)
     )  # fmt: skip
     gpus = tuple(Gpu("H200", H200_BYTES, 16) for _ in range(8))
     solve(Problem(models, gpus, Reserve(GIB, 4, 0.05)))  # scipy's import, outside the timing
     start = time.perf_counter()
     plan = solve(Problem(models, gpus, Reserve(GIB, 4, 0.05)))
-    assert time.perf_counter() - start < 5.0
+    assert time.perf_counter() - start < 1.0
     assert sum(m.total_replicas for m in plan.models) <= 8 * 12
