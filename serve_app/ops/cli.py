@@ -32,7 +32,12 @@ def cmd_check(
 
     try:
         doc = load_deploy_config(path)
-        facts = derive.facts_from_flags(gpu_memory) if gpu_memory else derive.facts_from_nvml()
+        if gpu_memory:
+            facts = derive.facts_from_flags(gpu_memory)
+        elif derive.has_budgets(doc):
+            facts = derive.facts_from_nvml()
+        else:
+            facts = derive.GpuFacts()
     except (ConfigError, ValueError) as exc:
         print(f"error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 2
@@ -47,7 +52,8 @@ def cmd_check(
     if write_shares:
         import yaml
 
-        Path(write_shares).write_text(yaml.safe_dump(doc, sort_keys=False))
+        header = f"# {path} with the num_gpus serve-app check derived (docs/planning.md)\n"
+        Path(write_shares).write_text(header + yaml.safe_dump(doc, sort_keys=False))
         print(f"{path}: OK; wrote {write_shares} with the derived num_gpus")
         return 0
     print(f"{path}: OK")
@@ -62,6 +68,8 @@ def budgets_for_run(doc: dict[str, object]) -> tuple[dict[str, object], list[str
     from serve_app.errors import ConfigError
     from serve_app.plan import derive
 
+    if not derive.has_budgets(doc):  # type: ignore[arg-type]
+        return doc, []
     facts = derive.facts_from_nvml()
     if not facts.any:
         doc = copy.deepcopy(doc)

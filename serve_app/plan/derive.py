@@ -66,6 +66,16 @@ def facts_from_nvml() -> GpuFacts:
     return GpuFacts(min(totals.values()), totals, {}, f"NVML: {len(found)} GPU(s) on this host")
 
 
+def has_budgets(doc: dict[str, Any]) -> bool:
+    """Whether any serve_app application of ``doc`` states memory.budget (else no NVML read)."""
+    for app in doc.get("applications") or []:
+        args = app.get("args") if isinstance(app, dict) else None
+        memory = args.get("memory") if isinstance(args, dict) else None
+        if isinstance(memory, dict) and memory.get("budget") is not None:
+            return True
+    return False
+
+
 def target_bytes(opts: dict[str, Any], facts: GpuFacts) -> tuple[int | None, str]:
     """The memory of the GPU a deployment's share is derived from, and which GPU that is."""
     labels = opts.get("label_selector")

@@ -223,7 +223,8 @@ def solve(problem: Problem) -> Plan:
                 busy[var("x", i, c, g)] = cand.gpu_s_per_request
         rows.append((mem, -np.inf, units_cap(gpu, reserve.memory_bytes)))
         rows.append((cores, -np.inf, gpu.cores - reserve.cores + 1e-9))
-        rows.append((busy, -np.inf, 1.0 - reserve.gpu_time + 1e-9))
+        # A hair under the cap: HiGHS keeps rows within 1e-6, the plan must keep the cap itself.
+        rows.append((busy, -np.inf, 1.0 - reserve.gpu_time - 1e-5))
     gain = np.zeros(n)
     for i, m in enumerate(models):
         if m.load_rps is None:

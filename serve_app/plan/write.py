@@ -57,7 +57,22 @@ def apply_plan(
     return out, notes
 
 
+def _round(value: Any) -> Any:
+    """Floats to 6 significant digits: the solver's last digits are not figures."""
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, dict):
+        return {k: _round(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_round(v) for v in value]
+    return value
+
+
 def plan_json(plan: Plan, measurements: Measurements) -> dict[str, Any]:
+    return _round(_plan_doc(plan, measurements))  # type: ignore[no-any-return]
+
+
+def _plan_doc(plan: Plan, measurements: Measurements) -> dict[str, Any]:
     return {
         "format": 1,
         "mode": measurements.mode,
