@@ -231,7 +231,6 @@ def solve(problem: Problem) -> Plan:
             for c in range(len(cands[i])):
                 for g in range(n_gpu):
                     gain[var("x", i, c, g)] = m.weight
-    constant = sum(m.weight * m.load_rps for m in models if m.load_rps is not None)
     matrix = np.zeros((len(rows), n))
     for row_i, (coefs, _, _) in enumerate(rows):
         for j, v in coefs.items():
@@ -255,7 +254,7 @@ def solve(problem: Problem) -> Plan:
     second = milp(units_cost, constraints=[*cons, keep], integrality=integral,
                   bounds=Bounds(lo, hi), options={**opts, "time_limit": 0.5})  # fmt: skip
     x = second.x if second.x is not None else first.x
-    return _read_plan(problem, cands, index, np.round(x, 6), smallest, best + constant)
+    return _read_plan(problem, cands, index, np.round(x, 6), smallest)
 
 
 def _why_infeasible(problem: Problem) -> str:
@@ -279,23 +278,25 @@ def _read_plan(
     index: dict[tuple[str, ...], int],
     x: np.ndarray,
     smallest: int,
-    objective: float,
 ) -> Plan:
     n_gpu = len(problem.gpus)
-    plans, rates = [], []  # rates: the requests a second each model's replicas carry, per GPU
+    chosen, rates = [], []  # rates: the requests a second each model's replicas carry, per GPU
     for i, m in enumerate(problem.models):
         c = max(range(len(cands[i])), key=lambda c: x[index[("y", str(i), str(c))]])
-        cand = cands[i][c]
         reps = tuple(int(round(x[index[("r", str(i), str(c), str(g))]])) for g in range(n_gpu))
-        total = sum(reps)
         per_gpu = [max(0.0, float(x[index[("x", str(i), str(c), str(g))]])) for g in range(n_gpu)]
         if m.load_rps is not None and sum(per_gpu) > 0:  # exactly its load, not the solver's float
             per_gpu = [rate * m.load_rps / sum(per_gpu) for rate in per_gpu]
+        chosen.append((cands[i][c], reps))
+        rates.append(per_gpu)
+    _trim_to_gpu_time(problem, [cand for cand, _ in chosen], rates)
+    plans = []
+    for m, (cand, reps), per_gpu in zip(problem.models, chosen, rates, strict=True):
+        total = sum(reps)
         tput = m.load_rps if m.load_rps is not None else sum(per_gpu)
         worst = tput / total if total else 0.0  # HAProxy splits evenly over the replicas
         units = share_units(cand.budget_bytes, smallest)
         plans.append(ModelPlan(m.name, cand, units, reps, tput, cand.p99_at(worst)))
-        rates.append(per_gpu)
     uses = []
     for g, gpu in enumerate(problem.gpus):
         units = sum(p.share_units * p.replicas[g] for p in plans)
@@ -329,7 +330,28 @@ def _read_plan(
                 binds=_binds(problem, plans, units, cores, busy, caps),
             )
         )
+    objective = sum(m.weight * p.throughput_rps for m, p in zip(problem.models, plans, strict=True))
     return Plan(tuple(plans), tuple(uses), objective)
+
+
+def _trim_to_gpu_time(problem: Problem, cands: list[Candidate], rates: list[list[float]]) -> None:
+    """The solver keeps rows within its tolerance (about 1e-6), and a time-limited tidying pass
+    returns its best incumbent: where a GPU's time comes out over its cap by that much, the
+    weighted models' rates there are lowered to fit (stated loads are kept)."""
+    cap = 1.0 - problem.reserve.gpu_time
+    for g in range(len(problem.gpus)):
+        busy = sum(r[g] * c.gpu_s_per_request for r, c in zip(rates, cands, strict=True))
+        flexible = sum(
+            r[g] * c.gpu_s_per_request
+            for m, r, c in zip(problem.models, rates, cands, strict=True)
+            if m.load_rps is None
+        )
+        if busy <= cap or flexible <= 0:
+            continue
+        keep = max(0.0, 1.0 - (busy - cap) / flexible) * (1 - 1e-12)
+        for m, r in zip(problem.models, rates, strict=True):
+            if m.load_rps is None:
+                r[g] *= keep
 
 
 def _binds(
