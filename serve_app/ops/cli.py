@@ -60,31 +60,6 @@ def cmd_check(
     return 0
 
 
-def budgets_for_run(doc: dict[str, object]) -> tuple[dict[str, object], list[str]]:
-    """``serve-app run``: num_gpus derived from memory.budget on this host's GPUs (NVML), or,
-    with no GPU, the budgets dropped as num_gpus is (said). ConfigError when one cannot be."""
-    import copy
-
-    from serve_app.errors import ConfigError
-    from serve_app.plan import derive
-
-    if not derive.has_budgets(doc):  # type: ignore[arg-type]
-        return doc, []
-    facts = derive.facts_from_nvml()
-    if not facts.any:
-        doc = copy.deepcopy(doc)
-        notes = []
-        for app in doc.get("applications") or []:  # type: ignore[attr-defined]
-            memory = ((app.get("args") or {}).get("memory") or {}) if isinstance(app, dict) else {}
-            if isinstance(memory, dict) and memory.pop("budget", None) is not None:
-                notes.append(f"no GPU: {app.get('name')}'s memory.budget is ignored on the CPU")
-        return doc, notes
-    derived, notes, errors = derive.derive_shares(doc, facts)  # type: ignore[arg-type]
-    if errors:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
-    return derived, notes
-
-
 def cmd_run(path: str, haproxy: bool, ready_timeout_s: float, insecure: bool = False) -> int:
     from serve_app.config.deploy import load_deploy_config
     from serve_app.errors import ServeAppError
@@ -92,7 +67,9 @@ def cmd_run(path: str, haproxy: bool, ready_timeout_s: float, insecure: bool = F
 
     stop = threading.Event()
     try:
-        doc, budget_notes = budgets_for_run(load_deploy_config(path))
+        from serve_app.plan.derive import for_run
+
+        doc, budget_notes = for_run(load_deploy_config(path))
         for note in budget_notes:
             print(note, flush=True)
         started = launch.run(
@@ -175,50 +152,15 @@ def cmd_node(ns: argparse.Namespace) -> int:
 
 
 def cmd_plan(config: str, measurements: str, out: str) -> int:
-    from serve_app.config.deploy import check_deploy_config, load_deploy_config
     from serve_app.errors import ServeAppError
-    from serve_app.plan import measurements as meas
-    from serve_app.plan import solver, write
+    from serve_app.plan.solver import Infeasible
+    from serve_app.plan.write import write_plan
 
     try:
-        doc = load_deploy_config(config)
-        m = meas.load_measurements(measurements)
-        problem = meas.to_problem(m)
-        plan = solver.solve(problem)
-        planned, notes = write.apply_plan(doc, plan, m)
-    except solver.Infeasible as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(write_plan(config, measurements, out))
+    except (Infeasible, ServeAppError) as exc:
+        print(f"error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 2
-    except ServeAppError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        return 2
-    gpus = len(problem.gpus)
-    errors = check_deploy_config(planned, gpus=gpus)
-    for line in errors:  # a plan the shares check refuses is a bug of the planner: say it
-        print(f"error: the written plan fails serve-app check: {line}", file=sys.stderr)
-    if errors:
-        return 1
-    import yaml
-
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    header = (
-        f"# Written by serve-app plan from {config} and {measurements} (docs/planning.md):\n"
-        "# num_replicas, num_gpus, num_cpus, memory.budget and max_batch_size are the plan's.\n"
-    )
-    text = header + yaml.safe_dump(planned, sort_keys=False)
-    (folder / "serve_config.yaml").write_text(text)
-    (folder / "plan.json").write_text(json.dumps(write.plan_json(plan, m), indent=1) + "\n")
-    report = write.report_markdown(plan, m, Path(config).name)
-    (folder / "plan.md").write_text(report)
-    for note in notes:
-        print(f"note: {note}")
-    print(report)
-    print(
-        f"wrote {folder / 'serve_config.yaml'} (serve deploy / serve-app run; check it with "
-        f"serve-app check --gpus {gpus}), plan.json and plan.md; the plot: "
-        f"python -m load_tests.plan_plot {folder / 'plan.json'}"
-    )
     return 0
 
 

@@ -76,6 +76,28 @@ def has_budgets(doc: dict[str, Any]) -> bool:
     return False
 
 
+def for_run(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``serve-app run``: num_gpus derived from memory.budget on this host's GPUs (NVML), or,
+    with no GPU, the budgets dropped as num_gpus is (said). ConfigError when one cannot be."""
+    from serve_app.errors import ConfigError
+
+    if not has_budgets(doc):
+        return doc, []
+    facts = facts_from_nvml()
+    if not facts.any:
+        doc = copy.deepcopy(doc)
+        notes = []
+        for app in doc.get("applications") or []:
+            memory = ((app.get("args") or {}).get("memory") or {}) if isinstance(app, dict) else {}
+            if isinstance(memory, dict) and memory.pop("budget", None) is not None:
+                notes.append(f"no GPU: {app.get('name')}'s memory.budget is ignored on the CPU")
+        return doc, notes
+    derived, notes, errors = derive_shares(doc, facts)
+    if errors:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+    return derived, notes
+
+
 def target_bytes(opts: dict[str, Any], facts: GpuFacts) -> tuple[int | None, str]:
     """The memory of the GPU a deployment's share is derived from, and which GPU that is."""
     labels = opts.get("label_selector")

@@ -4,6 +4,8 @@ the plan as JSON (which ``python -m load_tests.plan_plot`` draws), and a markdow
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 from typing import Any
 
 from serve_app.config.args import IMPORT_PATH
@@ -156,3 +158,43 @@ def report_markdown(plan: Plan, measurements: Measurements, config_name: str) ->
     lines += ["", "Assumptions and sources: see the measurements file's `sources` and `notes`."]
     lines += [f"- {n}" for n in measurements.notes]
     return "\n".join(lines) + "\n"
+
+
+def write_plan(config: str, measurements: str, out: str) -> str:
+    """``serve-app plan``: solve, check the written config as ``serve-app check`` would, write
+    OUT/serve_config.yaml, plan.json and plan.md; what to print. Raises ConfigError (bad input,
+    or a written config the check refuses: a bug of the planner) or solver.Infeasible."""
+    import yaml
+
+    from serve_app.config.deploy import check_deploy_config, load_deploy_config
+    from serve_app.plan import measurements as meas
+    from serve_app.plan.solver import solve
+
+    doc = load_deploy_config(config)
+    m = meas.load_measurements(measurements)
+    problem = meas.to_problem(m)
+    plan = solve(problem)
+    planned, notes = apply_plan(doc, plan, m)
+    gpus = len(problem.gpus)
+    errors = check_deploy_config(planned, gpus=gpus)
+    if errors:
+        raise ConfigError("the written plan fails serve-app check:\n  " + "\n  ".join(errors))
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    header = (
+        f"# Written by serve-app plan from {config} and {measurements} (docs/planning.md):\n"
+        "# num_replicas, num_gpus, num_cpus, memory.budget and max_batch_size are the plan's.\n"
+    )
+    (folder / "serve_config.yaml").write_text(header + yaml.safe_dump(planned, sort_keys=False))
+    (folder / "plan.json").write_text(json.dumps(plan_json(plan, m), indent=1) + "\n")
+    report = report_markdown(plan, m, Path(config).name)
+    (folder / "plan.md").write_text(report)
+    return "\n".join(
+        [f"note: {n}" for n in notes]
+        + [
+            report,
+            f"wrote {folder / 'serve_config.yaml'} (serve deploy / serve-app run; check it with "
+            f"serve-app check --gpus {gpus}), plan.json and plan.md; the plot: "
+            f"python -m load_tests.plan_plot {folder / 'plan.json'}",
+        ]
+    )

@@ -136,9 +136,9 @@ def test_check_write_shares_writes_a_file_serve_deploy_takes(
 
 
 def test_serve_app_run_on_a_host_without_a_gpu_drops_the_budget_and_says_so() -> None:
-    from serve_app.ops.cli import budgets_for_run
+    from serve_app.plan.derive import for_run
 
-    doc, notes = budgets_for_run(doc_with("6GiB", {"num_cpus": 1}))  # this host: no GPU
+    doc, notes = for_run(doc_with("6GiB", {"num_cpus": 1}))  # this host: no GPU
     assert "budget" not in doc["applications"][0]["args"]["memory"]
     assert notes == ["no GPU: emb's memory.budget is ignored on the CPU"]
     assert check_deploy_config(doc) == []
