@@ -33,6 +33,21 @@ IMPORT_PATH_SHAPE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 WireName = Literal["json", "embeddings", "rerank", "predict"]
 
 
+_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB)?\s*$")
+_UNIT = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"6GiB"`` -> 6442450944; binary units only, so that a budget is never off by 7%."""
+    m = _BYTES.match(text)
+    if m is None:
+        raise ValueError(
+            f"{text!r} is not a byte count; use an integer or a number with B, KiB, MiB, GiB "
+            "or TiB (e.g. 6GiB)"
+        )
+    return int(float(m.group(1)) * _UNIT[m.group(2)])
+
+
 def is_import_path(adapter: str) -> bool:
     """Whether ``args.adapter`` names a user model's class (``module:Class``), not a family."""
     return IMPORT_PATH_SHAPE.match(adapter) is not None
@@ -89,6 +104,23 @@ class MemoryArgs(BaseModel):
         description="mps/both only: the share of the GPU's SMs a replica may use "
         "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE). Default: all of them.",
     )
+    budget: int | None = Field(
+        default=None,
+        ge=1 << 20,
+        le=1 << 50,
+        description="The replica's GPU memory budget in bytes: an integer, or a string with a "
+        "binary unit (6GiB, 512MiB). The share Ray schedules (ray_actor_options.num_gpus) is "
+        "derived from it and the GPU's memory, rounded up to Ray's 1/10000 (docs/planning.md).",
+    )
+
+    @field_validator("budget", mode="before")
+    @classmethod
+    def _parse_budget(cls, value: object) -> object:
+        return parse_bytes(value) if isinstance(value, str) else value
+
+    @property
+    def budget_bytes(self) -> int | None:
+        return self.budget
 
     @model_validator(mode="after")
     def _check_mps(self) -> MemoryArgs:
