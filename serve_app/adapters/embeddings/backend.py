@@ -23,6 +23,7 @@ from serve_app.adapters.embeddings.modeldir import (
     read_json,
     resolve_dir,
     run_tokenized,
+    token_estimate,
 )
 from serve_app.config.args import AppArgs
 from serve_app.errors import ConfigError
@@ -167,6 +168,11 @@ class SentenceEncoder:
         """Each text as a batch item (tokenized with its batch); BadRequest for one over the
         character bound, an ItemError from the batch for one over ``max_tokens``."""
         return self.tokens.items(list(inputs))
+
+    def token_cost(self, item: Any) -> int:
+        """What the batcher packs by: the item's tokens, estimated until the batch tokenizes it
+        (serve_app.startup.calibration.length_packing)."""
+        return token_estimate(item)
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor]:
         """Token ids and mask (on the device) -> pooled float32 vectors: the part a CUDA graph

@@ -23,7 +23,7 @@ from serve_app.adapters.embeddings.backend import (
     WARMUP_LENGTHS,
     WEIGHT_FILES,
 )
-from serve_app.adapters.embeddings.modeldir import TextItem, run_tokenized
+from serve_app.adapters.embeddings.modeldir import TextItem, run_tokenized, token_estimate
 from serve_app.adapters.text.model import BertClassifier, HFClassifier
 from serve_app.adapters.text.modeldir import ClassifierDir, PairTokenization, Task, Tokens
 from serve_app.config.args import AppArgs
@@ -149,6 +149,11 @@ class SequenceClassifier:
         """Each text or (text, text) pair as a batch item, tokenized with its batch (an
         ItemError from the batch for one longer than ``max_tokens``)."""
         return [TextItem(t, i, self.max_tokens) for i, t in enumerate(inputs)]
+
+    def token_cost(self, item: Any) -> int:
+        """What the batcher packs by: the item's tokens, estimated until the batch tokenizes it
+        (serve_app.startup.calibration.length_packing)."""
+        return token_estimate(item)
 
     def _forward(
         self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor
