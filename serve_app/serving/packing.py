@@ -4,10 +4,10 @@ A padded batch costs its items times its longest item, as text-embeddings-infere
 ``--max-batch-tokens`` for padded models; so a batch is bounded by that as well as by items,
 and short queries are kept apart from long passages: the oldest request's next items first (in
 order, whatever their lengths: the oldest is never passed over, and a large request is split
-across batches by tokens), then items of the same power-of-two length bucket from the requests
-behind it. Items of other lengths join when everything queued fits in the one batch (low load:
-nothing is gained by waiting), or once their request has been passed over ``max_skips`` times,
-which bounds how long bucketing can hold an item back.
+across batches by tokens), then items of the same power-of-two length bucket (lengths up to 63
+share one) from the requests behind it. Items of other lengths join when everything queued
+fits in the one batch (low load: nothing is gained by waiting), or once their request has been
+passed over ``max_skips`` times, which bounds how long bucketing can hold an item back.
 """
 
 from __future__ import annotations
@@ -32,10 +32,16 @@ class Queued(Protocol):
 @dataclass(frozen=True)
 class Bucketing:
     """``max_skips``: batches that may pass a request over for its length; ``scan``: requests
-    looked at behind the oldest for items of its length."""
+    looked at behind the oldest for items of its length; ``floor``: lengths up to twice this
+    share one bucket (short texts of 7 and 9 tokens are not kept apart: the in-process
+    benchmark's batches halved when they were, benchmarks/journal/2026-12-01-tokens-cpu.md)."""
 
     max_skips: int = 4
     scan: int = 512
+    floor: int = 32
+
+    def bucket(self, tokens: int) -> int:
+        return max(tokens, self.floor).bit_length()
 
 
 def pack(
@@ -58,10 +64,10 @@ def pack(
 
     def take(req: Any, same_bucket: bool) -> None:
         nonlocal width, emptied, queued
-        bucket = width.bit_length()
+        bucket = bucketing.bucket(width)
         while req.taken < len(req.items) and len(batch) < max_items:
             c = cost(req.items[req.taken])
-            if same_bucket and c.bit_length() != bucket:
+            if same_bucket and bucketing.bucket(c) != bucket:
                 return
             if batch and (len(batch) + 1) * max(width, c) > max_tokens:
                 return

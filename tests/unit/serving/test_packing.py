@@ -102,6 +102,13 @@ def test_short_queries_are_kept_apart_from_long_passages() -> None:
     assert all(w == [12] for w in widths[1:])
 
 
+def test_short_lengths_share_a_bucket() -> None:
+    # under load, queries of 7 and 40 tokens still batch together (one bucket up to 63)
+    queue = [Req(0, [7]), *(Req(n, [40 if n % 2 else 9]) for n in range(1, 20))]
+    batches = run_all([queue], max_tokens=16384, max_items=8, bucketing=Bucketing())
+    assert [len(b) for b in batches] == [8, 8, 4]
+
+
 def test_everything_left_fits_so_lengths_mix() -> None:
     queue = [Req(0, [12]), Req(1, [200]), Req(2, [12])]
     (batch,) = run_all([queue], max_tokens=16384, max_items=32, bucketing=Bucketing())
