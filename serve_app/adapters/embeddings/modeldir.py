@@ -62,7 +62,7 @@ def resolve_dir(args: AppArgs) -> Path:
 # (long words, URLs and indentation more), so 32 leaves room for any text that fits.
 MAX_CHARS_PER_TOKEN = 32
 # The batcher's token estimate before tokenizing: English WordPiece runs about 4 characters a
-# token (benchmarks/journal/2026-12-01-tokens-off-the-loop.md measures it on the corpus).
+# token (benchmarks/journal/2026-12-01-tokens-cpu.md measures it on English prose).
 EST_CHARS_PER_TOKEN = 4
 
 
