@@ -26,6 +26,8 @@ Enforcement = Literal["torch", "mps", "both"]
 MPS_VARS = ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
 IMPORT_PATH = "serve_app.app:build_app"
 DEFAULT_DEPLOYMENT_NAME = "model"
+# The families whose batches are packed by tokens (max_batch_tokens).
+TOKEN_FAMILIES = ("embeddings", "rerank", "text-classification")
 # A user model's class by import path (docs/custom-models.md): dotted module, a colon, a class.
 IMPORT_PATH_SHAPE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 # A user model's wire spec by name: json (the generic POST /v1/predict) or a built-in family's.
@@ -182,6 +184,15 @@ class AppArgs(BaseModel):
         description="Cap on the dynamic batch size. On a GPU, calibration picks the largest "
         "batch that fits the budget and this caps it; on the CPU it defaults to 32.",
     )
+    max_batch_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 24,
+        description="Embeddings, rerank and text-classification: cap on a batch's padded "
+        "tokens (its inputs x its longest), as text-embeddings-inference's --max-batch-tokens; "
+        "batches also take inputs of like lengths together. Default: the batch cap x "
+        "max_input_tokens (on a GPU, what calibration measured to fit).",
+    )
     batch_wait_timeout_s: float = Field(
         default=0.0,
         ge=0,
@@ -322,6 +333,11 @@ class AppArgs(BaseModel):
             raise ValueError(
                 f"{field} applies to a user model (adapter: module:Class) only; remove it or "
                 f"set adapter to an import path (adapter is {self.adapter!r})"
+            )
+        if self.max_batch_tokens is not None and self.adapter not in TOKEN_FAMILIES:
+            raise ValueError(
+                f"max_batch_tokens applies to {', '.join(TOKEN_FAMILIES)} only (adapter is "
+                f"{self.adapter!r}); remove it"
             )
         if self.max_queued_items < self.max_inputs_per_request:
             raise ValueError(

@@ -56,6 +56,7 @@ from serve_app.serving.report import (
     replica_report,
 )
 from serve_app.startup import warmpool
+from serve_app.startup.calibration import length_packing
 from serve_app.startup.pipeline import start_replica
 
 logger = logging.getLogger("serve_app")
@@ -120,6 +121,7 @@ class ModelServer:
             max_queued_items=self.args.max_queued_items,
             queue_deadline_s=self.args.queue_deadline_s,
             idle_work=self._leftover.step if self._leftover.left() else None,
+            **length_packing(self.args, self.model.backend, self.batch_cap),
         )
         self._body_bytes = BodyBytes(
             self.args.max_body_bytes_in_flight, self._batcher.retry_after_s
