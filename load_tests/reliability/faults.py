@@ -183,6 +183,10 @@ def sigstop(target: Target, stop_s: float) -> Row:
     during = [r for r in results if r[0] < ended_at and r[0] + r[1] > fault_at]
     to_victim = [r[0] - fault_at for r in results if r[4] == victim and fault_at <= r[0] < ended_at]
     lost, failed, statuses = load.tally(results)
+    # The bound (issue 29): each request the hung replica held is answered within the time it
+    # took to leave rotation + 2 s. Held: sent before it left; when each was answered.
+    left_at = fault_at + (watch.out_s if watch.out_s is not None else ended_at - fault_at)
+    held = [r[0] + r[1] - fault_at for r in during if r[0] < left_at]
     return Row(
         "sigstop",
         len(results),
@@ -200,6 +204,8 @@ def sigstop(target: Target, stop_s: float) -> Row:
             "requests_during_stop": len(during),
             "slowest_s": round(max((r[1] for r in during), default=0.0), 2),
             "held_over_2s": sum(r[1] > 2.0 for r in during),  # the stopped replica's
+            "last_held_answered_s": round(max(held), 2) if held else None,
+            "held_bound_s": None if watch.out_s is None else round(watch.out_s + 2.0, 2),
             **split_by_replica([r for r in results if r[0] >= fault_at], victim),
         },
     )
@@ -372,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("faults.json"))
     p.add_argument("--only", default=",".join(FAULTS), help=f"comma-separated: {', '.join(FAULTS)}")
     p.add_argument("--stop-s", type=float, default=6.0, help="how long SIGSTOP freezes a replica")
+    p.add_argument("--replicas", type=int, default=2, help="replicas of the app")
     p.add_argument("--overload-s", type=float, default=6.0, help="seconds of 3x overload")
     a = p.parse_args(argv)
     only = {f.strip() for f in a.only.split(",") if f.strip()}
@@ -384,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     meta = run_meta(PROG, argv)
     t0 = time.monotonic()
-    target = start_cluster()
+    target = start_cluster(a.replicas)
     try:
         if "sigkill" in only:
             rows.append(sigkill(target))
@@ -399,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         **meta,
         "args": ARGS,
-        "replicas": 2,
+        "replicas": a.replicas,
         "cpus": os.cpu_count(),
         "reliability_env": reliability_env(),
         "took_s": round(time.monotonic() - t0, 1),
