@@ -6,7 +6,8 @@ It starts its own Ray and Serve on 127.0.0.1 (as `serve-app run` does: HAProxy i
 retry settings of serve_app.ops.launch), deploys two CPU MiniLM replicas, and runs:
 
 - ``sigkill``: one replica gets SIGKILL under load (8 clients);
-- ``sigstop``: one replica is frozen (SIGSTOP) for ``--stop-s`` seconds under load, then SIGCONT;
+- ``sigstop``: one replica is frozen (SIGSTOP) for ``--stop-s`` seconds under load, then SIGCONT
+  (the requests it held must be answered elsewhere by its leaving HAProxy's rotation + 2 s);
 - ``overload``: an open-loop load at 3x the measured capacity for ``--overload-s`` seconds
   (the app's queue is bounded small, so that the bound, not the client, is what answers);
 - ``hostile:*``: bodies meant to hurt: a gzip bomb sent with Content-Encoding: gzip, a
