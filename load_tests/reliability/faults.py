@@ -32,7 +32,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -45,7 +44,6 @@ import httpx
 from load_tests.harness.cluster import (
     ARGS,
     Target,
-    haproxy_up,
     reliability_env,
     replica_pids,
     start_cluster,
@@ -65,6 +63,7 @@ from load_tests.harness.load import (
     tally,
 )
 from load_tests.harness.meta import PROVENANCE_HELP, run_meta
+from load_tests.reliability.hang import RotationWatch, freeze
 from serve_app.control.monitor import pid_alive
 
 
@@ -76,39 +75,6 @@ class Row:
     failed: int
     recovery_s: float | None
     detail: dict[str, Any] = field(default_factory=dict)
-
-
-class RotationWatch:
-    """Polls HAProxy every 0.1 s in a thread: when ``victim`` first stops being UP (DOWN,
-    MAINT, or gone from the backend), in seconds after ``since``."""
-
-    def __init__(self, target: Target, victim: str, since: float):
-        self.target, self.victim, self.since = target, victim, since
-        self.out_s: float | None = None
-        self.states: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set() and self.out_s is None:
-            try:
-                status = haproxy_up(self.target).get(self.victim, "gone")
-            except OSError:
-                status = None
-            if status is not None:
-                if not self.states or self.states[-1] != status:
-                    self.states.append(status)
-                if not status.startswith("UP"):
-                    self.out_s = round(time.monotonic() - self.since, 2)
-            self._stop.wait(0.1)
-
-    def __enter__(self) -> RotationWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10.0)
 
 
 def split_by_replica(results: list[Result], victim: str) -> dict[str, Any]:
@@ -149,20 +115,6 @@ def sigkill(target: Target, after_s: float = 4.0) -> Row:
         None if recovery is None else round(time.monotonic() - fault_at, 2),
         {"victim": victim, "statuses": statuses, "load_clients": CLIENTS},
     )
-
-
-def freeze(pid: int, stop_s: float, fault_at: float) -> bool:
-    """SIGSTOP ``pid`` for at most ``stop_s``; SIGCONT it unless it died first (Serve replaced
-    it). Whether it was still alive at the end."""
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        while time.monotonic() - fault_at < stop_s and pid_alive(pid):
-            time.sleep(0.1)
-    finally:
-        still = pid_alive(pid)
-        if still:
-            os.kill(pid, signal.SIGCONT)
-    return still
 
 
 def sigstop(target: Target, stop_s: float) -> Row:
