@@ -24,6 +24,7 @@ CPU_FAULT_FILES = (
     "reliability/sigstop15.json",
     "reliability/sigstop40.json",
     "reliability/gpu_faults_cpu_dry_run.json",
+    "reliability/sigstop_hung_before.json",
     "reliability/sigstop_hung_after.json",
 )
 
