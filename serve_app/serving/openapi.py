@@ -26,7 +26,6 @@ class ErrorDetail(BaseModel):
     type: str
     param: str | None = None
     code: str | None = None
-    request_id: str | None = Field(None, description="the x-request-id of the answer")
 
 
 class ErrorBody(BaseModel):
