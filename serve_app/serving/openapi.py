@@ -14,7 +14,6 @@ from collections.abc import Collection
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.responses import HTMLResponse
 
 from serve_app.adapters.wire import Operation, component_schemas, json_content
 
@@ -205,12 +204,3 @@ def build_openapi(
         "paths": paths,
         "components": components,
     }
-
-
-def swagger_page(root_path: str) -> HTMLResponse:
-    """``/docs``: Swagger UI over this application's ``/openapi.json`` (below its prefix)."""
-    from fastapi.openapi.docs import get_swagger_ui_html
-
-    return get_swagger_ui_html(
-        openapi_url=f"{root_path}/openapi.json", title="serve_app - Swagger UI"
-    )

@@ -59,9 +59,8 @@ class PredictResponse(RootModel[list[Prediction] | list[list[Prediction]]]):
 
 
 class Labelled(Protocol):
-    @property
-    def labels(self) -> list[str]:
-        """Class names by id."""
+    labels: list[str]
+    """Class names by id."""
 
 
 class PredictSpec:

@@ -1,1 +1,0 @@
-"""The planner: measurements in, a packing of replicas and GPU shares out (docs/planning.md)."""
