@@ -24,6 +24,8 @@ CPU_FAULT_FILES = (
     "reliability/sigstop15.json",
     "reliability/sigstop40.json",
     "reliability/gpu_faults_cpu_dry_run.json",
+    "reliability/sigstop_hung_before.json",
+    "reliability/sigstop_hung_after.json",
 )
 
 
@@ -51,8 +53,14 @@ def _fault_notes(row: Mapping[str, Any]) -> str:
         return f"the replica exited {d['exited_s']:g} s after the hook, its requests replayed"
     if fault == "sigstop":
         replaced = "replaced while stopped" if d.get("replaced_while_stopped") else "not replaced"
+        held = (
+            f"; the last request it held answered {d['last_held_answered_s']:g} s after SIGSTOP "
+            f"(bound {d['held_bound_s']:g} s), the slowest took {d['slowest_s']:g} s"
+            if d.get("last_held_answered_s") is not None and d.get("held_bound_s") is not None
+            else ""
+        )
         return (
-            f"out of rotation {d['out_of_rotation_s']:g} s after SIGSTOP; stopped "
+            f"out of rotation {d['out_of_rotation_s']:g} s after SIGSTOP{held}; stopped "
             f"{d['stopped_s']:g} s, {replaced}; neighbours {d['neighbour_answers']:,} answers, "
             f"{d['neighbour_lost']} lost, {d['neighbour_failed']} failed"
         )

@@ -62,6 +62,8 @@ def start_cluster(
     from serve_app.startup import warmpool
 
     ports.private_haproxy_ports()
+    # A harness cluster runs beside a server or a test session: never their metrics port.
+    os.environ[launch.METRICS_PORT_VAR] = str(ports.free_port())
     port = ports.free_port()
     from serve_app.config.args import parse_args
 

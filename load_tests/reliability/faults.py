@@ -6,7 +6,8 @@ It starts its own Ray and Serve on 127.0.0.1 (as `serve-app run` does: HAProxy i
 retry settings of serve_app.ops.launch), deploys two CPU MiniLM replicas, and runs:
 
 - ``sigkill``: one replica gets SIGKILL under load (8 clients);
-- ``sigstop``: one replica is frozen (SIGSTOP) for ``--stop-s`` seconds under load, then SIGCONT;
+- ``sigstop``: one replica is frozen (SIGSTOP) for ``--stop-s`` seconds under load, then SIGCONT
+  (the requests it held must be answered elsewhere by its leaving HAProxy's rotation + 2 s);
 - ``overload``: an open-loop load at 3x the measured capacity for ``--overload-s`` seconds
   (the app's queue is bounded small, so that the bound, not the client, is what answers);
 - ``hostile:*``: bodies meant to hurt: a gzip bomb sent with Content-Encoding: gzip, a
@@ -31,7 +32,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -44,7 +44,6 @@ import httpx
 from load_tests.harness.cluster import (
     ARGS,
     Target,
-    haproxy_up,
     reliability_env,
     replica_pids,
     start_cluster,
@@ -64,6 +63,7 @@ from load_tests.harness.load import (
     tally,
 )
 from load_tests.harness.meta import PROVENANCE_HELP, run_meta
+from load_tests.reliability.hang import RotationWatch, freeze
 from serve_app.control.monitor import pid_alive
 
 
@@ -75,39 +75,6 @@ class Row:
     failed: int
     recovery_s: float | None
     detail: dict[str, Any] = field(default_factory=dict)
-
-
-class RotationWatch:
-    """Polls HAProxy every 0.1 s in a thread: when ``victim`` first stops being UP (DOWN,
-    MAINT, or gone from the backend), in seconds after ``since``."""
-
-    def __init__(self, target: Target, victim: str, since: float):
-        self.target, self.victim, self.since = target, victim, since
-        self.out_s: float | None = None
-        self.states: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set() and self.out_s is None:
-            try:
-                status = haproxy_up(self.target).get(self.victim, "gone")
-            except OSError:
-                status = None
-            if status is not None:
-                if not self.states or self.states[-1] != status:
-                    self.states.append(status)
-                if not status.startswith("UP"):
-                    self.out_s = round(time.monotonic() - self.since, 2)
-            self._stop.wait(0.1)
-
-    def __enter__(self) -> RotationWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10.0)
 
 
 def split_by_replica(results: list[Result], victim: str) -> dict[str, Any]:
@@ -150,20 +117,6 @@ def sigkill(target: Target, after_s: float = 4.0) -> Row:
     )
 
 
-def freeze(pid: int, stop_s: float, fault_at: float) -> bool:
-    """SIGSTOP ``pid`` for at most ``stop_s``; SIGCONT it unless it died first (Serve replaced
-    it). Whether it was still alive at the end."""
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        while time.monotonic() - fault_at < stop_s and pid_alive(pid):
-            time.sleep(0.1)
-    finally:
-        still = pid_alive(pid)
-        if still:
-            os.kill(pid, signal.SIGCONT)
-    return still
-
-
 def sigstop(target: Target, stop_s: float) -> Row:
     """One replica SIGSTOPped under load for ``stop_s`` (then SIGCONT, unless Serve replaced it
     first). ``out_of_rotation_s``: from the stop until HAProxy has it not UP;
@@ -183,6 +136,10 @@ def sigstop(target: Target, stop_s: float) -> Row:
     during = [r for r in results if r[0] < ended_at and r[0] + r[1] > fault_at]
     to_victim = [r[0] - fault_at for r in results if r[4] == victim and fault_at <= r[0] < ended_at]
     lost, failed, statuses = load.tally(results)
+    # The bound (issue 29): each request the hung replica held is answered within the time it
+    # took to leave rotation + 2 s. Held: sent before it left; when each was answered.
+    left_at = fault_at + (watch.out_s if watch.out_s is not None else ended_at - fault_at)
+    held = [r[0] + r[1] - fault_at for r in during if r[0] < left_at]
     return Row(
         "sigstop",
         len(results),
@@ -200,6 +157,8 @@ def sigstop(target: Target, stop_s: float) -> Row:
             "requests_during_stop": len(during),
             "slowest_s": round(max((r[1] for r in during), default=0.0), 2),
             "held_over_2s": sum(r[1] > 2.0 for r in during),  # the stopped replica's
+            "last_held_answered_s": round(max(held), 2) if held else None,
+            "held_bound_s": None if watch.out_s is None else round(watch.out_s + 2.0, 2),
             **split_by_replica([r for r in results if r[0] >= fault_at], victim),
         },
     )
@@ -372,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("faults.json"))
     p.add_argument("--only", default=",".join(FAULTS), help=f"comma-separated: {', '.join(FAULTS)}")
     p.add_argument("--stop-s", type=float, default=6.0, help="how long SIGSTOP freezes a replica")
+    p.add_argument("--replicas", type=int, default=2, help="replicas of the app")
     p.add_argument("--overload-s", type=float, default=6.0, help="seconds of 3x overload")
     a = p.parse_args(argv)
     only = {f.strip() for f in a.only.split(",") if f.strip()}
@@ -384,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     meta = run_meta(PROG, argv)
     t0 = time.monotonic()
-    target = start_cluster()
+    target = start_cluster(a.replicas)
     try:
         if "sigkill" in only:
             rows.append(sigkill(target))
@@ -399,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         **meta,
         "args": ARGS,
-        "replicas": 2,
+        "replicas": a.replicas,
         "cpus": os.cpu_count(),
         "reliability_env": reliability_env(),
         "took_s": round(time.monotonic() - t0, 1),

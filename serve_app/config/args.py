@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from serve_app.config.messages import validation_messages
 from serve_app.errors import ConfigError
 
 AdapterKind = Literal["embeddings", "image-classification", "rerank", "text-classification"]
@@ -26,11 +27,28 @@ Enforcement = Literal["torch", "mps", "both"]
 MPS_VARS = ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
 IMPORT_PATH = "serve_app.app:build_app"
 DEFAULT_DEPLOYMENT_NAME = "model"
+# The families whose batches are packed by tokens (max_batch_tokens).
+TOKEN_FAMILIES = ("embeddings", "rerank", "text-classification")
 # A user model's class by import path (docs/custom-models.md): dotted module, a colon, a class.
 IMPORT_PATH_SHAPE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 # A user model's wire spec by name: json (the generic POST /v1/predict) or a built-in family's.
 # Each has an entry in serve_app.adapters.custom.wires.WIRES (a unit test checks they agree).
-WireName = Literal["json", "embeddings"]
+WireName = Literal["json", "embeddings", "rerank", "predict"]
+
+
+_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KiB|MiB|GiB|TiB)?\s*$")
+_UNIT = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"6GiB"`` -> 6442450944; binary units only, so that a budget is never off by 7%."""
+    m = _BYTES.match(text)
+    if m is None:
+        raise ValueError(
+            f"{text!r} is not a byte count; use an integer or a number with B, KiB, MiB, GiB "
+            "or TiB (e.g. 6GiB)"
+        )
+    return int(float(m.group(1)) * _UNIT[m.group(2)])
 
 
 def is_import_path(adapter: str) -> bool:
@@ -89,6 +107,23 @@ class MemoryArgs(BaseModel):
         description="mps/both only: the share of the GPU's SMs a replica may use "
         "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE). Default: all of them.",
     )
+    budget: int | None = Field(
+        default=None,
+        ge=1 << 20,
+        le=1 << 50,
+        description="The replica's GPU memory budget in bytes: an integer, or a string with a "
+        "binary unit (6GiB, 512MiB). The share Ray schedules (ray_actor_options.num_gpus) is "
+        "derived from it and the GPU's memory, rounded up to Ray's 1/10000 (docs/planning.md).",
+    )
+
+    @field_validator("budget", mode="before")
+    @classmethod
+    def _parse_budget(cls, value: object) -> object:
+        return parse_bytes(value) if isinstance(value, str) else value
+
+    @property
+    def budget_bytes(self) -> int | None:
+        return self.budget
 
     @model_validator(mode="after")
     def _check_mps(self) -> MemoryArgs:
@@ -149,6 +184,15 @@ class AppArgs(BaseModel):
         le=65536,
         description="Cap on the dynamic batch size. On a GPU, calibration picks the largest "
         "batch that fits the budget and this caps it; on the CPU it defaults to 32.",
+    )
+    max_batch_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 24,
+        description="Embeddings, rerank and text-classification: cap on a batch's padded "
+        "tokens (its inputs x its longest), as text-embeddings-inference's --max-batch-tokens; "
+        "batches also take inputs of like lengths together. Default: the batch cap x "
+        "max_input_tokens (on a GPU, what calibration measured to fit).",
     )
     batch_wait_timeout_s: float = Field(
         default=0.0,
@@ -291,6 +335,11 @@ class AppArgs(BaseModel):
                 f"{field} applies to a user model (adapter: module:Class) only; remove it or "
                 f"set adapter to an import path (adapter is {self.adapter!r})"
             )
+        if self.max_batch_tokens is not None and self.adapter not in TOKEN_FAMILIES:
+            raise ValueError(
+                f"max_batch_tokens applies to {', '.join(TOKEN_FAMILIES)} only (adapter is "
+                f"{self.adapter!r}); remove it"
+            )
         if self.max_queued_items < self.max_inputs_per_request:
             raise ValueError(
                 f"max_queued_items ({self.max_queued_items}) is smaller than "
@@ -322,38 +371,6 @@ class AppArgs(BaseModel):
             self.cuda_graphs = False
         if self.wire is None:
             self.wire = "json"
-
-
-def _format_loc(prefix: str, loc: tuple[Any, ...]) -> str:
-    path = prefix
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path
-
-
-def _fix_for(err: dict[str, Any]) -> str:
-    kind = err.get("type", "")
-    ctx = err.get("ctx") or {}
-    if kind == "extra_forbidden":
-        return "remove it or check its spelling (see README: config fields)"
-    if kind == "literal_error":
-        return f"use one of {ctx.get('expected', 'the allowed values')}"
-    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        return "use a value in the allowed range"
-    if kind.endswith("_type") or kind.endswith("_parsing"):
-        return "use a value of the right type"
-    return "fix the value"
-
-
-def validation_messages(exc: ValidationError, prefix: str = "args") -> list[str]:
-    """One line per error: field path, what is wrong, the bad value and the fix."""
-    lines = []
-    for err in exc.errors():
-        where = _format_loc(prefix, tuple(err["loc"]))
-        value = err.get("input")
-        shown = repr(value) if not isinstance(value, dict) else "{...}"
-        lines.append(f"{where}: {err['msg']} (got {shown}); {_fix_for(dict(err))}")
-    return lines
 
 
 def parse_args(raw: dict[str, Any] | None, prefix: str = "args") -> AppArgs:

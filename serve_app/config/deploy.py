@@ -42,7 +42,7 @@ def check_limit_value(value: str, visible_devices: int = 1) -> list[str]:
     return problems
 
 
-def check_deploy_config(doc: Any, gpus: int = 1) -> list[str]:
+def check_deploy_config(doc: Any, gpus: int = 1, gpu_memory_bytes: int | None = None) -> list[str]:
     """Validate a whole ``serve deploy`` document; returns every error with its field path.
     ``gpus``: the GPUs that deployments not pinned to one share (config/shares.py)."""
     errors: list[str] = []
@@ -66,6 +66,18 @@ def check_deploy_config(doc: Any, gpus: int = 1) -> list[str]:
             errors.extend(validation_messages(exc, prefix=f"{where}.args"))
             continue
         errors.extend(_check_deployments(args, app.get("deployments") or [], where))
+        if args.memory.budget_bytes is not None:
+            from serve_app.config.shares import budget_share_error
+
+            for j, dep in enumerate(app.get("deployments") or [{}]):
+                opts = (dep.get("ray_actor_options") or {}) if isinstance(dep, dict) else {}
+                # The GPU's memory is not known here: serve_app.plan.derive checks the share.
+                path = f"{where}.deployments[{j}]"
+                problem = budget_share_error(
+                    args.memory.budget_bytes, opts.get("num_gpus"), None, path
+                )
+                if problem:
+                    errors.append(problem)
     if not env.doubles_allowed():
         errors.extend(f"{field}: {TEST_DOUBLE_REFUSAL}" for field in doubles_in_runtime_envs(doc))
     errors.extend(share_errors(doc, gpus))

@@ -38,6 +38,75 @@ class Ask:
         return f"{self.path} ({self.name}) {self.replicas} x {share:g} ({self.why}) = {total:g}"
 
 
+def share_for_budget(budget_bytes: int, total_bytes: int) -> float:
+    """The ``num_gpus`` whose budget on a GPU of ``total_bytes`` (``int(num_gpus x total)``, as
+    gpu/budget.plan_budget computes it) is at least ``budget_bytes``: rounded up to Ray's
+    1/10000. ValueError when one GPU cannot hold it."""
+    units = -(-budget_bytes * UNITS // total_bytes)
+    while int(units / UNITS * total_bytes) < budget_bytes:  # float rounding in the replica
+        units += 1
+    if units > UNITS:
+        raise ValueError(
+            f"a budget of {budget_bytes:,} bytes is more than the GPU's {total_bytes:,} bytes; "
+            "lower memory.budget or pin the deployment to a larger GPU"
+        )
+    return units / UNITS
+
+
+def budget_share_error(
+    budget_bytes: int, num_gpus: Any, total_bytes: int | None, path: str
+) -> str | None:
+    """What is wrong with a deployment that states ``memory.budget``: no num_gpus (plain
+    ``serve deploy`` would run it without the share), or a num_gpus that holds less than the
+    budget on the GPU of ``total_bytes`` (None: not known here)."""
+    derived = None
+    if total_bytes is not None:
+        try:
+            derived = share_for_budget(budget_bytes, total_bytes)
+        except ValueError as exc:
+            return f"{path}: {exc}"
+    if not isinstance(num_gpus, (int, float)) or isinstance(num_gpus, bool) or num_gpus <= 0:
+        hint = f"num_gpus: {derived:g}" if derived is not None else "the derived num_gpus"
+        return (
+            f"{path}.ray_actor_options.num_gpus: not set, but memory.budget asks for "
+            f"{budget_bytes:,} bytes; serve deploy schedules by num_gpus only, so write {hint} "
+            "into the file (serve-app check --write-shares OUT does; docs/planning.md)"
+        )
+    if derived is not None and total_bytes is not None and num_gpus < derived:
+        return (
+            f"{path}.ray_actor_options.num_gpus: {num_gpus:g} holds "
+            f"{int(num_gpus * total_bytes):,} bytes of a {total_bytes:,}-byte GPU, less than "
+            f"memory.budget ({budget_bytes:,} bytes); use num_gpus: {derived:g}"
+        )
+    return None
+
+
+def replica_budget_problem(
+    budget_bytes: int, num_gpus: float, device_total_bytes: int | None, node_has_gpu: bool
+) -> str | None:
+    """At a replica's start: why its ``memory.budget`` cannot be kept, or None. No share on a
+    node with GPUs: the file went to ``serve deploy`` without the derived num_gpus, and the
+    replica would run unbounded on the CPU. A share that holds less than the budget: it landed
+    on a smaller GPU than the one its share was derived from."""
+    if num_gpus <= 0:
+        if not node_has_gpu:
+            return None  # a CPU-only node: the budget is ignored, as num_gpus is
+        return (
+            f"memory.budget asks for {budget_bytes:,} bytes but Ray gave this replica no GPU "
+            "share (ray_actor_options.num_gpus is not set): serve deploy schedules by num_gpus "
+            "only. Write the derived share into the file (serve-app check --write-shares OUT, "
+            "or serve-app plan) or start it with serve-app run (docs/planning.md)"
+        )
+    if device_total_bytes is not None and int(num_gpus * device_total_bytes) < budget_bytes:
+        return (
+            f"num_gpus {num_gpus:g} of this GPU's {device_total_bytes:,} bytes is "
+            f"{int(num_gpus * device_total_bytes):,} bytes, less than memory.budget "
+            f"({budget_bytes:,} bytes): the share was derived for a larger GPU; derive it for "
+            "the smallest GPU the deployment may land on, or pin it (docs/planning.md)"
+        )
+    return None
+
+
 def most_replicas(dep: dict[str, Any]) -> tuple[int, str] | None:
     """A deployment's most replicas and where that number comes from; None when unreadable."""
     auto = dep.get("autoscaling_config")

@@ -72,6 +72,9 @@ __all__ = [
 logger = logging.getLogger("ray.serve")
 
 STATE_TARGET = "serve_app_target"
+# Ray 2.60's metrics agent drops a gauge not set again within two export intervals (2 s; its
+# OpenTelemetryMetricRecorder's gauge TTL): the decision's gauges are set again this often.
+GAUGE_REFRESH_S = 1.0
 STATE_REASON = "serve_app_reason"
 
 PolicyResult = tuple[int, dict[str, Any]]  # the target, and Ray's policy_state for next time
@@ -165,7 +168,7 @@ class _Gauges:
     """The decision as Prometheus gauges; created on first use, never at import."""
 
     def __init__(self) -> None:
-        from ray.util.metrics import Gauge
+        from ray.util.metrics import Counter, Gauge
 
         tags = ("application", "deployment")
         self.target = Gauge(
@@ -178,12 +181,21 @@ class _Gauges:
             description="1 for the reason of the last decision, 0 for the others.",
             tag_keys=(*tags, "reason"),
         )
+        self.decisions = Counter(
+            "serve_app_autoscale_decisions_total",
+            description="Decisions that changed the target or its reason, by direction and reason.",
+            tag_keys=(*tags, "decision", "reason"),
+        )
 
-    def export(self, app: str, deployment: str, decision: Decision) -> None:
+    def export(self, app: str, deployment: str, decision: Decision, changed: bool = True) -> None:
         tags = {"application": app, "deployment": deployment}
         self.target.set(decision.target_replicas, tags=tags)
         for reason in Reason:
             self.reason.set(1.0 if reason is decision.reason else 0.0, {**tags, "reason": reason})
+        if changed:
+            self.decisions.inc(
+                tags={**tags, "decision": str(decision.direction), "reason": str(decision.reason)}
+            )
 
 
 class HeadroomPolicy:
@@ -202,6 +214,7 @@ class HeadroomPolicy:
         self._last: tuple[int, Reason] | None = None
         self._gauges: _Gauges | None = None
         self._metrics_broken = False
+        self._exported_at_s = -math.inf  # time.monotonic() of the gauges' last export
         self._monitor: monitor.MonitorHandle | None = None
         self._monitor_retry_at_s = 0.0
 
@@ -247,18 +260,21 @@ class HeadroomPolicy:
             )
             self._export(ctx, decision)
             self._push(deployment, inputs, decision, now_s)
+        elif time.monotonic() - self._exported_at_s >= GAUGE_REFRESH_S:
+            self._export(ctx, decision, changed=False)
         state = dict(ctx.policy_state)
         state[STATE_TARGET] = decision.target_replicas
         state[STATE_REASON] = str(decision.reason)
         return decision.target_replicas, state
 
-    def _export(self, ctx: AutoscalingContext, decision: Decision) -> None:
+    def _export(self, ctx: AutoscalingContext, decision: Decision, changed: bool = True) -> None:
         if self._metrics_broken:
             return
+        self._exported_at_s = time.monotonic()
         try:
             if self._gauges is None:
                 self._gauges = _Gauges()
-            self._gauges.export(str(ctx.app_name), str(ctx.deployment_name), decision)
+            self._gauges.export(str(ctx.app_name), str(ctx.deployment_name), decision, changed)
         except Exception:
             self._metrics_broken = True
             logger.warning("serve_app autoscale metrics disabled", exc_info=True)

@@ -69,6 +69,21 @@ def resolve_device(requested: str) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
+def _check_stated_budget(args: AppArgs, num_gpus: float, device: torch.device) -> None:
+    """memory.budget in bytes (docs/planning.md): refused without a share on a GPU node, or on
+    a GPU its share holds less of; on a CPU-only node, ignored as num_gpus is."""
+    budget_bytes = args.memory.budget_bytes
+    if budget_bytes is None:
+        return
+    from serve_app.config.shares import replica_budget_problem
+
+    total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    seen = nvml.value(nvml.all_devices())
+    problem = replica_budget_problem(budget_bytes, num_gpus, total, bool(seen))
+    if problem:
+        raise StartupError(problem)
+
+
 def start_partition(
     args: AppArgs, num_gpus: float, hold_outside_torch: OutsideTorchHook | None = None
 ) -> Partition:
@@ -82,6 +97,7 @@ def start_partition(
         enforcement, num_gpus, args.memory.memory_fraction, args.memory.compute_share
     )
     device = resolve_device(args.device)
+    _check_stated_budget(args, num_gpus, device)
     if device.type != "cuda" and plan is not None:
         raise StartupError(
             f"memory.enforcement {enforcement} needs CUDA, but this replica sees no CUDA "

@@ -23,20 +23,39 @@ def _default_config() -> str:
     return str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else "configs/default.yaml"
 
 
-def cmd_check(path: str, gpus: int = 1) -> int:
+def cmd_check(
+    path: str, gpus: int = 1, gpu_memory: list[str] | None = None, write_shares: str | None = None
+) -> int:
     from serve_app.config.deploy import check_deploy_config, load_deploy_config
     from serve_app.errors import ConfigError
+    from serve_app.plan import derive
 
     try:
         doc = load_deploy_config(path)
-    except ConfigError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
+        if gpu_memory:
+            facts = derive.facts_from_flags(gpu_memory)
+        elif derive.has_budgets(doc):
+            facts = derive.facts_from_nvml()
+        else:
+            facts = derive.GpuFacts()
+    except (ConfigError, ValueError) as exc:
+        print(f"error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 2
-    errors = check_deploy_config(doc, gpus=gpus)
+    doc, notes, errors = derive.derive_shares(doc, facts)
+    for note in notes:
+        print(f"note: {note}")
+    errors += check_deploy_config(doc, gpus=gpus)
     for line in errors:
         print(f"error: {line}", file=sys.stderr)
     if errors:
         return 2
+    if write_shares:
+        import yaml
+
+        header = f"# {path} with the num_gpus serve-app check derived (docs/planning.md)\n"
+        Path(write_shares).write_text(header + yaml.safe_dump(doc, sort_keys=False))
+        print(f"{path}: OK; wrote {write_shares} with the derived num_gpus")
+        return 0
     print(f"{path}: OK")
     return 0
 
@@ -48,7 +67,11 @@ def cmd_run(path: str, haproxy: bool, ready_timeout_s: float, insecure: bool = F
 
     stop = threading.Event()
     try:
-        doc = load_deploy_config(path)
+        from serve_app.plan.derive import for_run
+
+        doc, budget_notes = for_run(load_deploy_config(path))
+        for note in budget_notes:
+            print(note, flush=True)
         started = launch.run(
             doc, haproxy=haproxy, ready_timeout_s=ready_timeout_s, insecure_no_ray_auth=insecure
         )
@@ -128,6 +151,19 @@ def cmd_node(ns: argparse.Namespace) -> int:
         return 2
 
 
+def cmd_plan(config: str, measurements: str, out: str) -> int:
+    from serve_app.errors import ServeAppError
+    from serve_app.plan.solver import Infeasible
+    from serve_app.plan.write import write_plan
+
+    try:
+        print(write_plan(config, measurements, out))
+    except (Infeasible, ServeAppError) as exc:
+        print(f"error: {getattr(exc, 'message', exc)}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def cmd_status(url: str, as_json: bool) -> int:
     from serve_app.errors import ServeAppError
     from serve_app.ops.status import read_memory_report, render_status
@@ -182,14 +218,42 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument(
         "--gpus", type=int, default=1, help="GPUs the unpinned GPU shares may spread over"
     )
+    check.add_argument(
+        "--gpu-memory",
+        action="append",
+        metavar="[TYPE=|GPU-UUID=]BYTES",
+        help="the memory of the GPUs a memory.budget is a share of (e.g. 150754820096, 141GiB, "
+        "H200=141GiB); default: this host's GPUs through NVML (docs/planning.md)",
+    )
+    check.add_argument(
+        "--write-shares",
+        metavar="OUT",
+        help="write CONFIG with the num_gpus derived from each memory.budget to OUT, for "
+        "serve deploy",
+    )
+    plan = sub.add_parser(
+        "plan",
+        help="pack CONFIG's models onto GPUs and cores from a measurements file; write the "
+        "Serve config and a report",
+        description="Solves the packing (replicas x share per model per GPU: memory and cores "
+        "less the reserve, each model's p99 target at its load, the most weighted throughput) "
+        "from MEASUREMENTS (JSON, docs/planning.md) and writes OUT/serve_config.yaml, "
+        "OUT/plan.json and OUT/plan.md. The measuring half (on a GPU) is not built yet: write "
+        "the measurements from your own runs or from committed results.",
+    )
+    plan.add_argument("config")
+    plan.add_argument("--measurements", required=True, help="the measurements JSON")
+    plan.add_argument("--out", required=True, help="folder for the config and the report")
     status = sub.add_parser("status", help="per-replica memory table of a running app")
     status.add_argument("--url", default="http://127.0.0.1:8000")
     status.add_argument("--json", action="store_true")
     ns = parser.parse_args(argv)
     if ns.command == "check":
-        return cmd_check(ns.config, max(ns.gpus, 1))
+        return cmd_check(ns.config, max(ns.gpus, 1), ns.gpu_memory, ns.write_shares)
     if ns.command == "run":
         return cmd_run(ns.config, not ns.no_haproxy, ns.ready_timeout_s, ns.insecure_no_ray_auth)
     if ns.command == "node":
         return cmd_node(ns)
+    if ns.command == "plan":
+        return cmd_plan(ns.config, ns.measurements, ns.out)
     return cmd_status(ns.url, ns.json)

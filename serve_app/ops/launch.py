@@ -8,12 +8,11 @@ and ops.haproxy's.
 from __future__ import annotations
 
 import copy
-import ipaddress
 import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,8 +23,14 @@ from serve_app import env
 from serve_app.config.deploy import check_deploy_config, doubles_warning, enforcements
 from serve_app.errors import ConfigError, StartupError
 from serve_app.gpu import mps
-from serve_app.ops import listeners, ray_auth
+from serve_app.ops import ray_auth
 from serve_app.ops.cluster_env import cluster_env, longest_request_timeout_s
+from serve_app.ops.exposure import (
+    exposure_warning,
+    is_loopback,
+    ray_exposure_note,
+    ray_listeners_beyond_loopback,
+)
 from serve_app.ops.haproxy import (
     free_stale_port,
     haproxy_node_path,
@@ -59,6 +64,18 @@ __all__ = [
 
 logger = logging.getLogger("serve_app")
 DEFAULT_PORT = 8000
+# Ray's Prometheus endpoint (every metric, serve_app's included: docs/metrics.md), pinned so that
+# a scrape config can name it; on 127.0.0.1 as Ray's other ports. SERVE_APP_METRICS_PORT moves it.
+DEFAULT_METRICS_PORT = 8080
+METRICS_PORT_VAR = "SERVE_APP_METRICS_PORT"
+
+
+def metrics_port() -> int:
+    """The port Ray exports metrics on: SERVE_APP_METRICS_PORT, or DEFAULT_METRICS_PORT."""
+    value = os.environ.get(METRICS_PORT_VAR, str(DEFAULT_METRICS_PORT))
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise ConfigError(f"{METRICS_PORT_VAR}={value!r} is not a TCP port; set 1 to 65535")
+    return int(value)
 
 
 @dataclass
@@ -128,57 +145,6 @@ def http_address(doc: dict[str, Any]) -> tuple[str, int]:
     return str(opts.get("host", DEFAULT_HOST)), int(opts.get("port", DEFAULT_PORT))
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` only listens on this machine (127.0.0.0/8, ::1, localhost)."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name or 0.0.0.0-like wildcard: assume it is reachable from outside
-
-
-def exposure_warning(
-    host: str,
-    keys_configured: bool,
-    *,
-    ray_auth_enabled: bool = True,
-    ray_listeners: Sequence[listeners.Listener] = (),
-) -> str | None:
-    """The warning `serve-app run` prints when it would serve beyond this machine with no API
-    key, or when Ray listens beyond loopback (``ray_listeners``) with its token authentication
-    off; None when neither (ray_exposure_note says what listens beyond loopback behind the
-    token)."""
-    parts = []
-    if not (is_loopback(host) or keys_configured):
-        parts.append(
-            f"WARNING: http_options.host is {host!r}, reachable from other machines, and no API "
-            f"key is configured: anyone who can reach it can run inference and read /v1/memory. "
-            f"Set {env.API_KEYS_VAR} (comma-separated) or {env.API_KEYS_FILE_VAR} (one per line) "
-            "before starting, or bind 127.0.0.1."
-        )
-    if ray_listeners and not ray_auth_enabled:
-        where = ", ".join(item.describe() for item in ray_listeners)
-        parts.append(
-            f"WARNING: Ray listens beyond loopback on {where}, and its token authentication is "
-            "OFF: anyone who can reach them can run code on this machine. Close them with the "
-            f"host firewall rule in {ray_auth.SECURITY_DOC}."
-        )
-    return "\n".join(parts) or None
-
-
-def ray_exposure_note(ray_listeners: Sequence[listeners.Listener]) -> str | None:
-    """The note for Ray's listeners beyond loopback behind its token (Serve binds each replica's
-    inter-deployment gRPC server to every interface, ray/serve/_private/replica.py)."""
-    if not ray_listeners:
-        return None
-    where = ", ".join(item.describe() for item in ray_listeners)
-    return (
-        f"Ray listens beyond loopback on {where}, where Ray itself binds it; each needs Ray's "
-        f"token. A host firewall closes them: {ray_auth.SECURITY_DOC}."
-    )
-
-
 def start_ray(
     num_gpus: int,
     haproxy: bool,
@@ -212,6 +178,12 @@ def start_ray(
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "2")
     for name, value in wanted.items():
         os.environ.setdefault(name, value)  # a user's own setting wins
+    metrics_at = metrics_port()
+    if not port_is_free(DEFAULT_HOST, metrics_at):
+        raise StartupError(
+            f"the metrics port {DEFAULT_HOST}:{metrics_at} is taken (another server's?); "
+            f"set {METRICS_PORT_VAR} to a free port"
+        )
     ray.init(
         address="local",
         num_cpus=num_cpus,
@@ -221,15 +193,9 @@ def start_ray(
         namespace="serve_app",
         log_to_driver=True,
         _system_config=dict(system_config) if system_config else None,
+        _metrics_export_port=metrics_at,
     )
     return auth
-
-
-def ray_listeners_beyond_loopback(http_port: int) -> list[listeners.Listener]:
-    """What the Ray this process started (and its HAProxy) listens on beyond loopback, but the
-    HTTP port, which exposure_warning judges by itself."""
-    found = listeners.beyond_loopback(listeners.listening_sockets(os.getpid()))
-    return [item for item in found if item.port != http_port]
 
 
 def deploy(doc: dict[str, Any]) -> None:
@@ -337,6 +303,10 @@ def run(
         auth=auth,
     )
     deploy(doc)
+    notes.append(
+        f"Metrics (Prometheus): http://{DEFAULT_HOST}:{metrics_port()}/metrics "
+        f"({METRICS_PORT_VAR} moves it; docs/metrics.md)."
+    )
     url = f"http://{host}:{port}"
     wait_ready(url, ready_timeout_s)
     # Once the replicas run: what Ray (and HAProxy) placed beyond loopback, said with the rest.

@@ -15,6 +15,12 @@ request whose items are still all queued ``queue_deadline_s`` after it arrived i
 ``Overloaded`` too (checked when a request arrives and when a batch forms). Both carry a
 Retry-After estimate: the queue's items over the model's measured items per second.
 
+With ``cost`` (an item's tokens) and ``max_batch_tokens``, as text-embeddings-inference's
+``--max-batch-tokens``, a batch is also bounded by its padded tokens (items x the longest), and
+takes items of like lengths (``_take_by_tokens``): the oldest request's next items first, then
+those of the same power-of-two length bucket behind it; items of other lengths join only when
+everything queued fits in the one batch, or once passed over ``MAX_SKIPS`` times.
+
 ``idle_work`` (optional) is work in small steps that must run on the model's executor between
 batches: the CUDA graphs and warm-up batches the replica's start-up left. It is called with
 ``busy``: False once no request has arrived for ``IDLE_AFTER_S`` (then step after step while
@@ -35,6 +41,7 @@ from concurrent.futures import Executor
 from typing import Any, Generic, TypeVar
 
 from serve_app.errors import Overloaded
+from serve_app.serving import packing
 
 logger = logging.getLogger("serve_app")
 
@@ -46,7 +53,16 @@ class _Request:
     """One caller's items in the queue: ``taken`` of them are in a batch already, and the one
     future resolves once every output is in ``outputs``."""
 
-    __slots__ = ("items", "outputs", "pending", "taken", "future", "enqueued_s", "counted")
+    __slots__ = (
+        "items",
+        "outputs",
+        "pending",
+        "taken",
+        "future",
+        "enqueued_s",
+        "counted",
+        "skipped",
+    )
 
     def __init__(self, items: Sequence[Any], future: asyncio.Future[list[Any]], now_s: float):
         self.items = items
@@ -56,6 +72,7 @@ class _Request:
         self.future = future
         self.enqueued_s = now_s
         self.counted = True  # its untaken items are in Batcher._queued
+        self.skipped = 0  # batches formed past it while it waited (length bucketing)
 
 
 class BatchSizeMismatch(RuntimeError):
@@ -82,6 +99,11 @@ class Batcher(Generic[T, R]):
     # The replica is idle once no request has arrived for this long. An empty queue alone is
     # not: under load it empties between every two batches while requests are on their way.
     IDLE_AFTER_S = 0.1
+    # Length bucketing: a request passed over this many times joins the next batch whatever its
+    # length (so an item waits at most this many batches beyond those of the items ahead of it),
+    # and batches look this many requests behind the oldest for items of its length.
+    MAX_SKIPS = 4
+    SCAN_REQUESTS = 512
 
     def __init__(
         self,
@@ -92,6 +114,8 @@ class Batcher(Generic[T, R]):
         max_queued_items: int | None = None,
         queue_deadline_s: float | None = None,
         idle_work: Callable[[bool], bool] | None = None,
+        cost: Callable[[T], int] | None = None,
+        max_batch_tokens: int | None = None,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -101,6 +125,10 @@ class Batcher(Generic[T, R]):
             raise ValueError(f"max_queued_items must be at least 1, got {max_queued_items}")
         if queue_deadline_s is not None and queue_deadline_s <= 0:
             raise ValueError(f"queue_deadline_s must be > 0, got {queue_deadline_s}")
+        if max_batch_tokens is not None and (max_batch_tokens < 1 or cost is None):
+            raise ValueError(f"max_batch_tokens needs a cost and >= 1, got {max_batch_tokens}")
+        self.max_batch_tokens = max_batch_tokens
+        self._cost = cost
         self.max_queued_items = max_queued_items
         self.queue_deadline_s = queue_deadline_s
         self.rejected_requests = 0  # refused at submit: the queue was full
@@ -118,6 +146,8 @@ class Batcher(Generic[T, R]):
         self._idle_work = idle_work  # one step per call; returns whether steps remain
         self._idle_work_at_s = time.monotonic()
         self._arrived_at_s = time.monotonic()  # the latest request's arrival
+        # Called with a request's wait once its first item joins a batch (serving/metrics).
+        self.on_queued: Callable[[float], None] | None = None
 
     @property
     def queued(self) -> int:
@@ -236,18 +266,47 @@ class Batcher(Generic[T, R]):
 
     def _take(self) -> list[tuple[_Request, int]]:
         """Up to ``max_batch_size`` (request, item index) pairs from the head of the queue."""
+        if self.max_batch_tokens is not None:
+            return self._take_by_tokens()
         batch: list[tuple[_Request, int]] = []
+        now_s = time.monotonic()
         while self._queue and len(batch) < self.max_batch_size:
             req = self._queue[0]
             if req.future.done():
                 self._drop_gone()
                 continue
+            if req.taken == 0 and self.on_queued is not None:
+                self.on_queued(now_s - req.enqueued_s)
             n = min(len(req.items) - req.taken, self.max_batch_size - len(batch))
             batch.extend((req, i) for i in range(req.taken, req.taken + n))
             req.taken += n
             self._queued -= n
             if req.taken == len(req.items):
                 self._queue.popleft()
+        return batch
+
+    def _take_by_tokens(self) -> list[tuple[_Request, int]]:
+        """A batch bounded by items and padded tokens, of like lengths (serving/packing)."""
+        assert self._cost is not None and self.max_batch_tokens is not None
+        self._drop_gone()
+        now_s = time.monotonic()
+
+        def taking(req: _Request) -> None:
+            self._queued -= 1
+            if req.taken == 0 and self.on_queued is not None:
+                self.on_queued(now_s - req.enqueued_s)
+
+        batch, emptied = packing.pack(
+            self._queue,
+            self._cost,
+            self.max_batch_tokens,
+            self.max_batch_size,
+            self._queued,
+            taking,
+            packing.Bucketing(self.MAX_SKIPS, self.SCAN_REQUESTS),
+        )
+        if emptied:
+            self._queue = deque(r for r in self._queue if r.taken < len(r.items))
         return batch
 
     async def _work(self) -> None:

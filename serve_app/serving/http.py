@@ -37,6 +37,7 @@ from serve_app.errors import (
     Unauthorized,
 )
 from serve_app.serving.auth import ApiKeys
+from serve_app.serving.metrics import count_error
 
 logger = logging.getLogger("serve_app")
 
@@ -59,6 +60,7 @@ def json_response(
 def error_response(err: ServeAppError, headers: Mapping[str, str] | None = None) -> Response:
     """``err`` as its JSON body and status, with its own headers (``err.headers()``) and
     ``headers``."""
+    count_error(err)  # 503s and 504s, by reason (serving/metrics)
     own = err.headers()
     if headers:
         own.update(headers)

@@ -14,6 +14,7 @@ from collections.abc import Collection
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import HTMLResponse
 
 from serve_app.adapters.wire import Operation, component_schemas, json_content
 
@@ -204,3 +205,12 @@ def build_openapi(
         "paths": paths,
         "components": components,
     }
+
+
+def swagger_page(root_path: str) -> HTMLResponse:
+    """``/docs``: Swagger UI over this application's ``/openapi.json`` (below its prefix)."""
+    from fastapi.openapi.docs import get_swagger_ui_html
+
+    return get_swagger_ui_html(
+        openapi_url=f"{root_path}/openapi.json", title="serve_app - Swagger UI"
+    )

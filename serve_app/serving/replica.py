@@ -14,7 +14,7 @@ import ray
 import torch
 from ray import ObjectRef, serve
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import Response
 
 from serve_app import adapters, env
 from serve_app.adapters.contract import Redo
@@ -46,7 +46,7 @@ from serve_app.serving.oom import (
     lowered_batch_cap,
     predict_with_oom_split,
 )
-from serve_app.serving.openapi import build_openapi
+from serve_app.serving.openapi import build_openapi, swagger_page
 from serve_app.serving.registry import get_registry
 from serve_app.serving.report import (
     REPORT_PERIOD_S,
@@ -56,6 +56,7 @@ from serve_app.serving.report import (
     replica_report,
 )
 from serve_app.startup import warmpool
+from serve_app.startup.calibration import length_packing
 from serve_app.startup.pipeline import start_replica
 
 logger = logging.getLogger("serve_app")
@@ -118,6 +119,7 @@ class ModelServer:
             max_queued_items=self.args.max_queued_items,
             queue_deadline_s=self.args.queue_deadline_s,
             idle_work=self._leftover.step if self._leftover.left() else None,
+            **length_packing(self.args, self.model.backend, self.batch_cap),
         )
         self._body_bytes = BodyBytes(
             self.args.max_body_bytes_in_flight, self._batcher.retry_after_s
@@ -126,6 +128,7 @@ class ModelServer:
         self._stop = threading.Event()
         self._registry = get_registry()
         self._metrics = ReplicaMetrics()
+        self._batcher.on_queued = self._metrics.queued
         if self.partition.gpu_uuid is not None:
             # The node's NVML sampler: the report's GPU totals, and this replica's bytes
             # watched against its budget (escapes).
@@ -182,7 +185,9 @@ class ModelServer:
             # (An item too large on its own says nothing about the batch size, so the cap stays.)
             self._lower_batch_cap(failed_sizes[0])
         self.partition.after_batch()  # the cache policy, and the refit of the torch cap
-        self.stats.count(len(items), time.perf_counter() - started_s)
+        took_s = time.perf_counter() - started_s
+        self.stats.count(len(items), took_s)
+        self._metrics.batch_done(items, took_s)
         return outputs
 
     def _lower_batch_cap(self, failed_batch_size: int) -> None:
@@ -241,24 +246,29 @@ class ModelServer:
         return Ingress(routes, self._api_keys, protected)
 
     async def _infer(self, request: Request) -> Response:
+        since_s = time.perf_counter()
         try:
             self._batcher.check_room()  # a full queue: 503 before the body is even decoded
         except Overloaded as err:
             return error_response(err)
         hold = self._body_bytes.hold()  # the body's bytes, held until the response is ready
         try:
-            return await guarded(self._infer_body(request, hold), self.args.request_timeout_s)
+            response = await guarded(self._infer_body(request, hold), self.args.request_timeout_s)
         finally:
             hold.release()  # on every path: an answer, an error, a timeout, a disconnect
+        self._metrics.request_done(since_s)
+        return response
 
     async def _infer_body(self, request: Request, hold: BodyHold) -> Response:
         body = await read_body(request, self.args.max_body_bytes, hold)
         content_type = request.headers.get("content-type", "")
         query = request.query_params if request.scope.get("query_string") else EMPTY_QUERY
+        decode_since_s = time.perf_counter()
         if self.model.decode_inline and len(body) <= INLINE_DECODE_MAX_BYTES:
             decoded = self.model.decode(body, content_type, query)
         else:
             decoded = await asyncio.to_thread(self.model.decode, body, content_type, query)
+        self._metrics.decoded(decode_since_s, len(body), len(decoded.items))
         # an item the batch hands back (contract.Redo) is prepared again in a thread, requeued
         results = await self._batcher.submit_redoing(decoded.items, _redo)
         for r in results:
@@ -273,7 +283,9 @@ class ModelServer:
                     f"({cap}) even on its own; send a smaller input",
                     param=f"input[{r.index}]",
                 )
+        encode_since_s = time.perf_counter()
         response = json_response(self.model.encode(results, decoded), headers=self._served_by)
+        self._metrics.encoded(encode_since_s)
         if self.first.seen(self.started):
             logger.info(
                 "first request answered %.2f s after the process started",
@@ -323,13 +335,7 @@ class ModelServer:
         return json_response(self._openapi)
 
     async def docs(self, request: Request) -> Response:
-        from fastapi.openapi.docs import get_swagger_ui_html
-
-        root = request.scope.get("root_path", "")
-        html: HTMLResponse = get_swagger_ui_html(
-            openapi_url=f"{root}/openapi.json", title="serve_app - Swagger UI"
-        )
-        return html
+        return swagger_page(request.scope.get("root_path", ""))
 
     # ---- health and reporting -------------------------------------------------------------
 

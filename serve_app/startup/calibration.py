@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from serve_app.adapters.contract import ModelBackend
 from serve_app.config.args import AppArgs
@@ -158,3 +158,18 @@ def calibrate_batch_size(
         result.first_failure,
     )
     return result
+
+
+def length_packing(args: AppArgs, backend: ModelBackend, batch_cap: int) -> dict[str, Any]:
+    """The batcher's token packing for a backend that reports its items' lengths (the text
+    families' ``token_cost`` and ``max_tokens``): ``cost`` and ``max_batch_tokens`` (see
+    serving/packing), else nothing. The default budget is the batch cap x ``max_tokens``: on a
+    GPU the cap was calibrated with worst-case items of ``max_tokens`` each, so that many
+    padded tokens are what was measured to fit the memory budget."""
+    cost = getattr(backend, "token_cost", None)
+    max_tokens = getattr(backend, "max_tokens", None)
+    if cost is None or not isinstance(max_tokens, int):
+        return {}
+    budget = args.max_batch_tokens or batch_cap * max_tokens
+    logger.info("batches packed by tokens: at most %d padded tokens a batch", budget)
+    return {"cost": cost, "max_batch_tokens": budget}

@@ -67,6 +67,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     # HAProxy's side ports are fixed by default; free ones let this suite run beside a server.
     private_haproxy_ports()
     port = free_port()
+    # Ray's metrics endpoint on a free port, not the pinned default another server may hold.
+    os.environ.setdefault(launch.METRICS_PORT_VAR, str(free_port()))
     # As serve-app run starts it: every worker preloads what a replica imports (warmpool).
     launch.start_ray(
         num_gpus=LOGICAL_GPUS,

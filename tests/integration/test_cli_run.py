@@ -15,6 +15,7 @@ import yaml
 
 from serve_app.env import haproxy_config_path
 from serve_app.ops import listeners
+from serve_app.ops.launch import METRICS_PORT_VAR
 from serve_app.ops.ports import free_port, haproxy_side_ports
 from tests.helpers import wait_http
 
@@ -121,6 +122,7 @@ def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
     env.pop("SERVE_APP_FAKE_NVML", None)
     side_ports = haproxy_side_ports()
     env.update(side_ports)
+    env[METRICS_PORT_VAR] = str(free_port())  # not the pinned default another server may hold
     haproxy_root = Path(haproxy_config_path()).parent
     dirs_before = set(haproxy_root.iterdir()) if haproxy_root.is_dir() else set()
     log = (tmp_path / "run.log").open("w+")
@@ -163,6 +165,7 @@ def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
     assert f"]:{grpc_ports[0]} (ray::ServeReplica:embeddings:model)" in output
     assert "needs Ray's token" in output and "authentication is OFF" not in output
     assert f"serving at {url}" in output
+    assert f"Metrics (Prometheus): http://127.0.0.1:{env[METRICS_PORT_VAR]}/metrics" in output
     # HAProxy's per-node folder went with it.
     dirs_after = set(haproxy_root.iterdir()) if haproxy_root.is_dir() else set()
     assert dirs_after <= dirs_before, dirs_after - dirs_before

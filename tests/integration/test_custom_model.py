@@ -46,6 +46,8 @@ def test_serve_app_run_serves_the_example_user_model(tmp_path: Path) -> None:
     env.pop("SERVE_APP_FAKE_NVML", None)
     env.pop("PYTHONPATH", None)  # the example imports because the run starts at the root
     env.update(haproxy_side_ports())
+    # Not the session cluster's metrics port (this process's environment), nor the default.
+    env["SERVE_APP_METRICS_PORT"] = str(free_port())
     log = (tmp_path / "run.log").open("w+")
     t0 = time.monotonic()
     proc = subprocess.Popen(

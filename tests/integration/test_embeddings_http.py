@@ -121,6 +121,23 @@ def test_too_long_input_is_400_not_truncated(emb: str) -> None:
     assert err["code"] == "input_too_long" and "at most 256" in err["message"]
 
 
+def test_an_over_long_input_fails_alone_among_requests_batched_with_it(emb: str) -> None:
+    # tokenizing is the batch's (one encode_batch in the model thread): the request with a
+    # text over 256 tokens gets its 400 naming it, the ones sent with it their vectors
+    good = [[f"request {i} sentence {j}" for j in range(4)] for i in range(12)]
+    bad = ["fine", "also fine", "word " * 400]
+    with httpx.Client(timeout=60.0) as client, ThreadPoolExecutor(max_workers=13) as pool:
+        post = lambda texts: client.post(  # noqa: E731
+            f"{emb}/v1/embeddings", json={"input": texts, "model": MODEL}
+        )
+        resps = list(pool.map(post, [*good[:6], bad, *good[6:]]))
+    err = resps[6].json()["error"]
+    assert resps[6].status_code == 400 and err["param"] == "input[2]", resps[6].text
+    assert err["code"] == "input_too_long" and "is 402 tokens" in err["message"], err
+    for texts, resp in zip(good, resps[:6] + resps[7:], strict=True):
+        np.testing.assert_allclose(vectors(resp), vectors(embed(emb, texts)), atol=1e-5)
+
+
 def test_text_past_the_character_bound_is_400_before_tokenizing(emb: str) -> None:
     # 20,000 characters, a token each: past 256 tokens x 32 characters, refused uncounted
     resp = embed(emb, ["ok", "!" * 20_000])

@@ -240,6 +240,8 @@ def serve_worker(spec: dict[str, Any]) -> None:
         pool = OpenLoopPool(cfg["client_cores"], cfg["openloop_procs"], work)
         clients = Clients(find_wrk(cfg["wrk"]), pool, cfg, work, log)
         t0 = time.time()
+        # Beside a server or a test session: never their metrics port (launch pins one).
+        os.environ[launch.METRICS_PORT_VAR] = str(ports.free_port())
         launch.start_ray(launch.gpu_count() if cuda else 0, haproxy=True)
         from serve_app.startup import ray_compat
 

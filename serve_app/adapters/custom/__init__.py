@@ -24,6 +24,7 @@ def build(args: AppArgs) -> Model:
     backend = UserModelBackend(args, user, instance, wire.input_field)
     if wire.output_check is not None:
         backend.output_check = wire.output_check(backend)
+    backend.example_input = wire.example_input
     return Model(args.model_name, wire.spec(args, backend), backend)
 
 

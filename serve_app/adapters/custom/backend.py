@@ -87,7 +87,10 @@ class UserModelBackend:
         self.output_check: Callable[[Any], Any] = plain
         """What each output goes through after ``plain`` and ``encode_response`` (the wire
         spec's own shape check, e.g. embeddings' float32 vectors)."""
-        self.dim = 0  # an embedding-shaped output's length once one was seen (wire: embeddings)
+        self.dim = 0  # an output's length once one was seen (wire: embeddings, predict)
+        self.example_input: Callable[[Any], Any] | None = None
+        """What each raw example input goes through before ``prepare`` (the wire spec's input
+        shape: a rerank pair; a ValueError names what it got)."""
         self.device = torch.device("cpu")
         self.setup_s: float | None = None
         self._graph_sizes: list[int] = []
@@ -195,6 +198,15 @@ class UserModelBackend:
                 f"{self.user.path}.example_inputs({n}) returned {got}; it must return a list "
                 f"of {n} inputs, each the largest a request may carry"
             )
+        if self.example_input is not None:
+            try:
+                raw = [self.example_input(r) for r in raw]
+            except ValueError as exc:
+                raise StartupError(
+                    f"{self.user.path}.example_inputs({n}) gave an input wire: {self.args.wire} "
+                    f"does not take ({exc}); return inputs as its requests carry them "
+                    "(docs/custom-models.md)"
+                ) from None
         try:
             return self.prepare(raw)
         except BadRequest as exc:

@@ -17,7 +17,14 @@ from torch.nn.attention import sdpa_kernel
 from serve_app import env
 from serve_app.adapters.contract import load_state_dict, pow2_sizes, resolve_dtype
 from serve_app.adapters.embeddings import bert
-from serve_app.adapters.embeddings.modeldir import Tokenization, read_json, resolve_dir
+from serve_app.adapters.embeddings.modeldir import (
+    TextItem,
+    Tokenization,
+    read_json,
+    resolve_dir,
+    run_tokenized,
+    token_estimate,
+)
 from serve_app.config.args import AppArgs
 from serve_app.errors import ConfigError
 from serve_app.gpu.graphs import GraphMemory, GraphSet, bucket_for, graph_batch_sizes
@@ -52,7 +59,7 @@ class HFEncoder(torch.nn.Module):
 class SentenceEncoder:
     """Sentence embeddings from a sentence-transformers model directory."""
 
-    # Tokenizing a short text costs microseconds: cheaper on the event loop than a thread hop.
+    # prepare only checks characters (tokenizing is the batch's): cheap on the event loop.
     prepare_inline = True
 
     def __init__(self, args: AppArgs):
@@ -157,9 +164,15 @@ class SentenceEncoder:
         t2 = time.perf_counter()
         return HFEncoder(model.to(device=device, dtype=dtype)), t1, t2
 
-    def prepare(self, inputs: Sequence[Any]) -> list[list[int]]:
-        """Token ids of each text; BadRequest for one longer than ``max_tokens``."""
-        return self.tokens.encode(list(inputs))
+    def prepare(self, inputs: Sequence[Any]) -> list[TextItem]:
+        """Each text as a batch item (tokenized with its batch); BadRequest for one over the
+        character bound, an ItemError from the batch for one over ``max_tokens``."""
+        return self.tokens.items(list(inputs))
+
+    def token_cost(self, item: Any) -> int:
+        """What the batcher packs by: the item's tokens, estimated until the batch tokenizes it
+        (serve_app.startup.calibration.length_packing)."""
+        return token_estimate(item)
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor]:
         """Token ids and mask (on the device) -> pooled float32 vectors: the part a CUDA graph
@@ -197,8 +210,14 @@ class SentenceEncoder:
         graphs.capture_all(examples, budget_s)
         return graphs
 
-    def predict(self, items: Sequence[list[int]]) -> list[np.ndarray]:
+    def predict(self, items: Sequence[TextItem | list[int]]) -> list[Any]:
+        """Each item's vector, the batch tokenized in one call here, in the model's thread (an
+        ItemError for an item over ``max_tokens``)."""
+        return run_tokenized(items, self.tokens, self._predict_ids)
+
+    def _predict_ids(self, batch: list[TextItem]) -> list[np.ndarray]:
         assert self.model is not None, "setup() must run before predict()"
+        items = [it.ids or [] for it in batch]
         longest = max(len(ids) for ids in items)
         padded = -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE
         rows = bucket_for(len(items), self._graph_sizes)

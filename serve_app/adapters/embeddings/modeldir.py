@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
 
 from serve_app.config.args import AppArgs
-from serve_app.errors import BadRequest, ConfigError
+from serve_app.errors import BadRequest, ConfigError, ItemError
 
 logger = logging.getLogger("serve_app")
 
@@ -60,6 +61,40 @@ def resolve_dir(args: AppArgs) -> Path:
 # tokenizer's cost grows with the characters, and English runs about 4 characters a token
 # (long words, URLs and indentation more), so 32 leaves room for any text that fits.
 MAX_CHARS_PER_TOKEN = 32
+# The batcher's token estimate before tokenizing: English WordPiece runs about 4 characters a
+# token (benchmarks/journal/2026-12-01-tokens-cpu.md measures it on English prose).
+EST_CHARS_PER_TOKEN = 4
+
+
+class TextItem:
+    """A text (or a pair) queued for a batch, tokenized in the batch's thread: ``estimate`` is
+    its token count guessed from its characters (what the batcher packs by), ``ids`` and
+    ``types`` are set once the batch has tokenized it, ``index`` is its place in its request
+    (what a 400 for it names)."""
+
+    __slots__ = ("text", "index", "estimate", "ids", "types")
+
+    def __init__(self, text: str | tuple[str, str], index: int, max_tokens: int):
+        self.text = text
+        self.index = index
+        chars = len(text) if isinstance(text, str) else len(text[0]) + len(text[1])
+        self.estimate = min(max_tokens, chars // EST_CHARS_PER_TOKEN + 3)
+        self.ids: list[int] | None = None
+        self.types: list[int] | None = None
+
+    @classmethod
+    def of_ids(cls, ids: list[int], types: list[int] | None = None) -> TextItem:
+        """An item already tokenized (warm-up, calibration)."""
+        item = cls("", 0, len(ids))
+        item.estimate, item.ids, item.types = len(ids), ids, types
+        return item
+
+
+def token_estimate(item: object) -> int:
+    """The batcher's cost of an item: its tokens once known, else its estimate."""
+    if isinstance(item, TextItem):
+        return len(item.ids) if item.ids is not None else item.estimate
+    return 1
 
 
 class Tokenization:
@@ -122,6 +157,39 @@ class Tokenization:
                     code="input_too_long",
                 )
 
+    def too_long(self, n: int, index: int, name: str = "input", what: str = "") -> BadRequest:
+        return BadRequest(
+            f"'{name}[{index}]'{what} is {n} tokens; this model accepts at most "
+            f"{self.max_tokens} (args.max_input_tokens): shorten or split it",
+            param=f"{name}[{index}]",
+            code="input_too_long",
+        )
+
+    def items(self, texts: list[str]) -> list[TextItem]:
+        """The request's texts as batch items, after the character bound (on the event loop:
+        no tokenizing here, the batch does it in one ``encode_batch``)."""
+        self.check_chars(texts)
+        return [TextItem(t, i, self.max_tokens) for i, t in enumerate(texts)]
+
+    def tokenize(
+        self, items: Sequence[TextItem], name: str = "input", pair_note: str = ""
+    ) -> dict[int, ItemError]:
+        """Tokenize the items not yet tokenized in one ``encode_batch`` (Rust, without the GIL);
+        an item over ``max_tokens`` is an ItemError (its request's 400), keyed by its position
+        in ``items``; the batch's other items run."""
+        todo = [it for it in items if it.ids is None]
+        if todo:
+            encoded = self.tokenizer.encode_batch([it.text for it in todo], add_special_tokens=True)
+            for it, enc in zip(todo, encoded, strict=True):
+                it.ids, it.types = enc.ids, enc.type_ids
+        errors: dict[int, ItemError] = {}
+        for k, it in enumerate(items):
+            assert it.ids is not None
+            if len(it.ids) > self.max_tokens:
+                what = pair_note if isinstance(it.text, tuple) else ""
+                errors[k] = ItemError(it.index, self.too_long(len(it.ids), it.index, name, what))
+        return errors
+
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text (special tokens added).
 
@@ -133,10 +201,24 @@ class Tokenization:
         encoded = [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=True)]
         for i, ids in enumerate(encoded):
             if len(ids) > self.max_tokens:
-                raise BadRequest(
-                    f"'input[{i}]' is {len(ids)} tokens; this model accepts at most "
-                    f"{self.max_tokens} (args.max_input_tokens): shorten or split it",
-                    param=f"input[{i}]",
-                    code="input_too_long",
-                )
+                raise self.too_long(len(ids), i)
         return encoded
+
+
+def run_tokenized(
+    items: Sequence[Any],
+    tokens: Tokenization,
+    run: Callable[[list[TextItem]], list[Any]],
+    name: str = "input",
+    pair_note: str = "",
+) -> list[Any]:
+    """A batch's outputs: its items tokenized together (``Tokenization.tokenize``), ``run`` over
+    those within the limit, an ItemError in the place of each over it. Items that are token
+    ids already (warm-up, calibration, tests) are taken as they are."""
+    batch = [it if isinstance(it, TextItem) else TextItem.of_ids(list(it)) for it in items]
+    errors = tokens.tokenize(batch, name, pair_note)
+    if not errors:
+        return run(batch)
+    good = [it for k, it in enumerate(batch) if k not in errors]
+    outputs = iter(run(good) if good else [])
+    return [errors[k] if k in errors else next(outputs) for k in range(len(batch))]

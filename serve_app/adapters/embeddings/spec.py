@@ -101,7 +101,7 @@ class EmbeddingsSpec:
         for i, vec in enumerate(outputs):
             emb: Any = base64.b64encode(vec.astype("<f4").tobytes()).decode() if base64_out else vec
             data.append({"object": "embedding", "index": i, "embedding": emb})
-        tokens = sum(len(ids) for ids in decoded.items)
+        tokens = sum(len(item.ids) for item in decoded.items)
         return {
             "object": "list",
             "data": data,

@@ -171,10 +171,20 @@ class RerankSpec:
             texts.append(item)
         return texts
 
+    def logit(self, output: Any) -> float:
+        """A pair's logit from the backend's output for it: here a one-label classifier's
+        logits; a spec over another backend says how its outputs read (a user model's float:
+        adapters/custom/wires.py)."""
+        return float(output[0])
+
+    def prompt_tokens(self, decoded: Decoded) -> int:
+        """``usage``'s tokens: every pair's, the query's in each (the backend's Tokens)."""
+        return sum(len(item.ids) for item in decoded.items)
+
     def scores(self, outputs: list[Any], raw: bool) -> list[float]:
         """Each pair's score: its logit, through the model's activation unless ``raw`` (torch's
         sigmoid, as CrossEncoder.predict applies it)."""
-        logits = torch.tensor([float(out[0]) for out in outputs], dtype=torch.float32)
+        logits = torch.tensor([self.logit(out) for out in outputs], dtype=torch.float32)
         if not raw and self.model.activation == "sigmoid":
             logits = torch.sigmoid(logits)
         return [float(s) for s in logits]
@@ -198,7 +208,7 @@ class RerankSpec:
             if meta["return"]:
                 result["document"] = {"text": texts[i]}
             results.append(result)
-        tokens = sum(len(item.ids) for item in decoded.items)
+        tokens = self.prompt_tokens(decoded)
         return {
             "id": uuid.uuid4().hex,
             "model": self.args.model_name,

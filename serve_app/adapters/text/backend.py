@@ -23,6 +23,7 @@ from serve_app.adapters.embeddings.backend import (
     WARMUP_LENGTHS,
     WEIGHT_FILES,
 )
+from serve_app.adapters.embeddings.modeldir import TextItem, run_tokenized, token_estimate
 from serve_app.adapters.text.model import BertClassifier, HFClassifier
 from serve_app.adapters.text.modeldir import ClassifierDir, PairTokenization, Task, Tokens
 from serve_app.config.args import AppArgs
@@ -45,7 +46,7 @@ class SequenceClassifier:
         pair_note: what a pair's token count includes, for errors (" with the query").
     """
 
-    # Tokenizing a short text costs microseconds: cheaper on the event loop than a thread hop.
+    # prepare makes items without tokenizing (the batch's work): cheap on the event loop.
     prepare_inline = True
 
     def __init__(self, args: AppArgs, task: Task, field: str, pair_note: str = ""):
@@ -59,6 +60,7 @@ class SequenceClassifier:
             self.model_dir, args, self.max_positions, field=field, pair_note=pair_note
         )
         self.max_tokens = self.tokens.max_tokens
+        self.field, self.pair_note = field, pair_note
         self.model: torch.nn.Module | None = None
         self.device = torch.device("cpu")
         self.encoder = ""  # which implementation runs the model: "serve_app" or "transformers"
@@ -143,10 +145,15 @@ class SequenceClassifier:
             )
         return HFClassifier(model)
 
-    def prepare(self, inputs: Sequence[Any]) -> list[Tokens]:
-        """Tokens of each text or (text, text) pair; BadRequest for one longer than
-        ``max_tokens``."""
-        return self.tokens.encode_items(list(inputs))
+    def prepare(self, inputs: Sequence[Any]) -> list[TextItem]:
+        """Each text or (text, text) pair as a batch item, tokenized with its batch (an
+        ItemError from the batch for one longer than ``max_tokens``)."""
+        return [TextItem(t, i, self.max_tokens) for i, t in enumerate(inputs)]
+
+    def token_cost(self, item: Any) -> int:
+        """What the batcher packs by: the item's tokens, estimated until the batch tokenizes it
+        (serve_app.startup.calibration.length_packing)."""
+        return token_estimate(item)
 
     def _forward(
         self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor
@@ -178,10 +185,17 @@ class SequenceClassifier:
         graphs.capture_all(examples, budget_s)
         return graphs
 
-    def predict(self, items: Sequence[Tokens]) -> list[np.ndarray]:
-        """Each item's logits (float32, one per label)."""
+    def predict(self, items: Sequence[TextItem | Tokens]) -> list[Any]:
+        """Each item's logits (float32, one per label), the batch tokenized in one call here,
+        in the model's thread (an ItemError for an item over ``max_tokens``)."""
+        batch = [
+            TextItem.of_ids(it.ids, it.types) if isinstance(it, Tokens) else it for it in items
+        ]
+        return run_tokenized(batch, self.tokens, self._predict_ids, self.field, self.pair_note)
+
+    def _predict_ids(self, items: list[TextItem]) -> list[np.ndarray]:
         assert self.model is not None, "setup() must run before predict()"
-        longest = max(len(item.ids) for item in items)
+        longest = max(len(item.ids or ()) for item in items)
         padded = -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE
         rows = bucket_for(len(items), self._graph_sizes)
         width = bucket_for(longest, self._graph_lengths)
@@ -197,10 +211,10 @@ class SequenceClassifier:
         mask_np = np.zeros((len(items), longest), dtype=np.int64)
         types_np = np.zeros((len(items), longest), dtype=np.int32)
         for row, item in enumerate(items):
-            n = len(item.ids)
-            ids_np[row, :n] = item.ids
+            n = len(item.ids or ())
+            ids_np[row, :n] = item.ids or ()
             mask_np[row, :n] = 1
-            types_np[row, :n] = item.types
+            types_np[row, :n] = item.types or 0
         ids, mask, types = (torch.from_numpy(a) for a in (ids_np, mask_np, types_np))
         with torch.inference_mode():
             if graphed:

@@ -59,8 +59,9 @@ class PredictResponse(RootModel[list[Prediction] | list[list[Prediction]]]):
 
 
 class Labelled(Protocol):
-    labels: list[str]
-    """Class names by id."""
+    @property
+    def labels(self) -> list[str]:
+        """Class names by id."""
 
 
 class PredictSpec:

@@ -16,7 +16,7 @@ from serve_app.adapters.embeddings.backend import SentenceEncoder
 from serve_app.adapters.embeddings.modeldir import SKELETON_DIR
 from serve_app.adapters.wire import check_model, parse_json_object, string_list
 from serve_app.config.args import parse_args
-from serve_app.errors import BadRequest, ConfigError, NotFound, ServeAppError
+from serve_app.errors import BadRequest, ConfigError, ItemError, NotFound, ServeAppError
 
 
 @pytest.fixture(scope="module")
@@ -28,17 +28,37 @@ def body(doc: object) -> bytes:
     return json.dumps(doc).encode()
 
 
-def test_decode_tokenizes_each_input(model: Model) -> None:
+def test_decode_leaves_tokenizing_to_the_batch(model: Model) -> None:
     decoded = model.decode(body({"input": ["hello world", "hi"]}), "application/json", {})
     assert decoded.inputs == ["hello world", "hi"]
-    assert decoded.items == [[101, 7592, 2088, 102], [101, 7632, 102]]
+    assert [(it.text, it.index, it.ids) for it in decoded.items] == [
+        ("hello world", 0, None),
+        ("hi", 1, None),
+    ]
     assert decoded.meta == {"format": "float"}
+    # the batch tokenizes them all in one call, with the ids the tokenizer gives one by one
+    assert model.backend.tokens.tokenize(decoded.items) == {}
+    assert [it.ids for it in decoded.items] == [[101, 7592, 2088, 102], [101, 7632, 102]]
 
 
-def test_the_spec_alone_reads_texts_and_the_backend_tokenizes(model: Model) -> None:
+def test_the_spec_alone_reads_texts_and_the_backend_prepares(model: Model) -> None:
     decoded = model.spec.decode(body({"input": "hi", "encoding_format": "base64"}), "", {})
     assert (decoded.inputs, decoded.items, decoded.meta) == (["hi"], [], {"format": "base64"})
-    assert model.backend.prepare(["hi"]) == [[101, 7632, 102]]
+    (item,) = model.backend.prepare(["hi"])
+    assert (item.text, item.estimate, item.ids) == ("hi", 3, None)
+
+
+def test_a_text_over_the_token_limit_fails_alone_in_its_batch(model: Model) -> None:
+    backend = model.backend
+    assert isinstance(backend, SentenceEncoder)
+    backend.setup(__import__("torch").device("cpu"))
+    items = backend.prepare(["fine", "word " * 300, "also fine"])
+    out = backend.predict(items)
+    assert isinstance(out[1], ItemError) and out[1].index == 1
+    assert "at most 256" in out[1].error.message and out[1].error.param == "input[1]"
+    assert out[1].error.code == "input_too_long" and out[1].error.status_code == 400
+    alone = backend.predict(backend.prepare(["fine", "also fine"]))
+    np.testing.assert_allclose(np.stack([out[0], out[2]]), np.stack(alone), atol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -55,7 +75,7 @@ def test_the_spec_alone_reads_texts_and_the_backend_tokenizes(model: Model) -> N
         (body({"input": "a", "model": 3}), BadRequest, "'model' must be a string"),
         (body({"input": "a", "model": "other"}), NotFound, "GET /v1/models"),
         (body({"input": "a", "dimensions": 128}), BadRequest, "dimensions"),
-        (body({"input": "word " * 300}), BadRequest, "at most 256"),
+        (body({"input": "!" * 8193}), BadRequest, "at most 256 tokens"),
     ],
 )
 def test_bad_requests(model: Model, raw: bytes, exc: type, needle: str) -> None:
@@ -132,3 +152,11 @@ def test_internal_failure_is_500_with_error_id(caplog: pytest.LogCaptureFixture)
     assert error_id in caplog.text and "secret internal detail" in caplog.text
     assert asyncio.run(guarded(bad())).status_code == 400
     assert issubclass(BadRequest, ServeAppError)
+
+
+def test_batch_tokenizing_equals_the_per_request_path(model: Model) -> None:
+    texts = ["hello world", "hi", "naïve café — 東京", "x" * 300, "  spaced   out  ", ""]
+    tokens = model.backend.tokens
+    items = model.backend.prepare(texts)
+    assert tokens.tokenize(items) == {}
+    assert [it.ids for it in items] == tokens.encode(texts)  # the path it replaced

@@ -15,7 +15,7 @@ import torch
 from serve_app.adapters import rerank
 from serve_app.adapters.contract import Model
 from serve_app.config.args import parse_args
-from serve_app.errors import BadRequest, ConfigError, NotFound
+from serve_app.errors import BadRequest, ConfigError, ItemError, NotFound
 from tests.fixtures.text_models import classifier_dir
 
 # float32 on the CPU, two implementations of the same arithmetic (serve_app's BERT and
@@ -136,6 +136,17 @@ def body(doc: object) -> bytes:
 OK = {"query": "q", "documents": ["a"]}
 
 
+def decode_and_batch(model: Model, raw: bytes) -> list:
+    """What the replica does: decode on the loop, then the batch (tokenizing it); the first
+    ItemError is the request's 4xx."""
+    decoded = model.decode(raw, "application/json", {})
+    outputs = model.backend.predict(decoded.items)
+    for out in outputs:
+        if isinstance(out, ItemError):
+            raise out.error
+    return outputs
+
+
 @pytest.mark.parametrize(
     ("doc", "exc", "needle", "param"),
     [
@@ -167,7 +178,7 @@ def test_bad_requests_name_the_field(
     model: Model, doc: dict, exc: type, needle: str, param: str
 ) -> None:
     with pytest.raises(exc) as info:
-        model.decode(body(doc), "application/json", {})
+        decode_and_batch(model, body(doc))
     assert needle in info.value.message
     assert info.value.to_json()["error"]["param"] == param
 
@@ -181,8 +192,9 @@ def test_bodies_that_are_not_json_objects(model: Model, raw: bytes) -> None:
 def test_a_long_query_is_named_with_its_document(ce_dir: Path) -> None:
     args = {"adapter": "rerank", "model_path": str(ce_dir), "max_input_tokens": 16}
     short = rerank.build(parse_args(args))
+    short.backend.setup(torch.device("cpu"))
     with pytest.raises(BadRequest) as info:
-        short.decode(body({"query": "word " * 10, "documents": ["ok", "a b c d e f"]}), "", {})
+        decode_and_batch(short, body({"query": "word " * 10, "documents": ["ok", "a b c d e f"]}))
     assert info.value.message.startswith("'documents[1]' with the query is 19 tokens")
     assert info.value.code == "input_too_long"
 
@@ -239,3 +251,13 @@ def test_graph_path_pads_to_buckets_and_matches_eager(
     assert graphs.runs == [((4, next(n for n in GRAPH_LENGTHS if n >= longest)), 3)]
     np.testing.assert_allclose(np.stack(graphed), np.stack(eager), atol=SCORE_ATOL)
     assert len(backend.predict(decoded.items * 3)) == 9 and len(graphs.runs) == 1
+
+
+def test_batch_tokenizing_equals_the_per_request_path(model: Model) -> None:
+    pairs = [(QUERY, d) for d in DOCS]
+    backend = model.backend
+    items = backend.prepare(pairs)
+    before = backend.tokens.encode_items(pairs)  # the path it replaced
+    out = backend.predict(items)  # tokenized in the batch
+    assert [(it.ids, it.types) for it in items] == [(t.ids, t.types) for t in before]
+    np.testing.assert_allclose(np.stack(out), np.stack(backend.predict(before)), atol=1e-6)

@@ -15,7 +15,7 @@ import torch
 from serve_app.adapters import textclass
 from serve_app.adapters.contract import Model
 from serve_app.config.args import parse_args
-from serve_app.errors import BadRequest, NotFound
+from serve_app.errors import BadRequest, ItemError, NotFound
 from tests.fixtures.text_models import classifier_dir
 
 # float32 on the CPU, serve_app's BERT against transformers': measured differences ~1e-6.
@@ -118,6 +118,17 @@ def body(doc: object) -> bytes:
     return json.dumps(doc).encode()
 
 
+def decode_and_batch(model: Model, raw: bytes) -> list:
+    """What the replica does: decode on the loop, then the batch (tokenizing it); the first
+    ItemError is the request's 4xx."""
+    decoded = model.decode(raw, "application/json", {})
+    outputs = model.backend.predict(decoded.items)
+    for out in outputs:
+        if isinstance(out, ItemError):
+            raise out.error
+    return outputs
+
+
 @pytest.mark.parametrize(
     ("doc", "exc", "needle", "param"),
     [
@@ -145,7 +156,7 @@ def test_bad_requests_name_the_field(
     model: Model, doc: dict, exc: type, needle: str, param: str
 ) -> None:
     with pytest.raises(exc) as info:
-        model.decode(body(doc), "application/json", {})
+        decode_and_batch(model, body(doc))
     assert needle in info.value.message
     assert info.value.to_json()["error"]["param"] == param
 

@@ -130,3 +130,12 @@ def test_user_model_fields_are_checked(raw: dict, path: str, words: str) -> None
     with pytest.raises(ConfigError) as info:
         parse_args(raw)
     assert f"{path}:" in info.value.message and words in info.value.message
+
+
+def test_max_batch_tokens_is_validated_and_for_the_text_families_only() -> None:
+    assert parse_args({}).max_batch_tokens is None
+    assert parse_args({"adapter": "rerank", "max_batch_tokens": 16384}).max_batch_tokens == 16384
+    with pytest.raises(ConfigError, match="max_batch_tokens"):
+        parse_args({"max_batch_tokens": 0})
+    with pytest.raises(ConfigError, match="max_batch_tokens applies to embeddings"):
+        parse_args({"adapter": "image-classification", "max_batch_tokens": 4096})

@@ -19,15 +19,21 @@ from serve_app.control.readings import gpu_key, gpu_label
 from serve_app.control.settings import ControllerConfig, config_errors
 from tests.unit.control.builders import GIB, KWARGS, NOW, UUID0, context, replica_stats
 
+REFRESHED: list[Any] = []  # decisions whose gauges were set again, not counted (changed=False)
+
 
 @pytest.fixture(autouse=True)
 def _clean(monkeypatch: pytest.MonkeyPatch) -> Any:
     ledger._LEDGER.entries.clear()
     exported: list[tuple[str, str, Any]] = []
+    REFRESHED.clear()
 
     class FakeGauges:
-        def export(self, app: str, deployment: str, decision: Any) -> None:
-            exported.append((app, deployment, decision))
+        def export(self, app: str, deployment: str, decision: Any, changed: bool = True) -> None:
+            if changed:
+                exported.append((app, deployment, decision))
+            else:
+                REFRESHED.append(decision)
 
     monkeypatch.setattr(autoscale, "_Gauges", FakeGauges)
     yield exported
@@ -62,6 +68,23 @@ def test_policy_scales_up_logs_once_and_exports(_clean: list[Any]) -> None:
         autoscale.logger.removeHandler(handler)
     assert len(records) == 1 and "app/model: 2 -> 3 (scale_up)" in records[0].getMessage()
     assert [(a, d, x.reason) for a, d, x in _clean] == [("app", "model", Reason.SCALE_UP)]
+
+
+def test_policy_sets_its_gauges_again_between_decisions(
+    monkeypatch: pytest.MonkeyPatch, _clean: list[Any]
+) -> None:
+    # Ray's metrics agent drops a gauge not set for two export intervals (policy.GAUGE_REFRESH_S)
+    clock = [100.0]
+    monkeypatch.setattr(autoscale.time, "monotonic", lambda: clock[0])
+    policy = HeadroomPolicy(**KWARGS)
+    policy(context(load=5.0))
+    clock[0] += autoscale.GAUGE_REFRESH_S / 2
+    policy(context(load=5.0))  # too soon: nothing
+    assert REFRESHED == []
+    clock[0] += autoscale.GAUGE_REFRESH_S
+    policy(context(load=5.0))  # the same decision, set again but not counted again
+    assert [d.reason for d in REFRESHED] == [Reason.SCALE_UP]
+    assert len(_clean) == 1
 
 
 def test_policy_holds_on_stale_or_missing_readings() -> None:

@@ -202,7 +202,7 @@ def test_embeddings_graph_path_pads_to_buckets_and_matches_eager(
     graphs = _with_cpu_graphs(adapter, monkeypatch, "embeddings")
     assert set(graphs.static) == {(b, n) for b in (1, 2, 4, 8) for n in GRAPH_LENGTHS}
     graphed = adapter.predict(items.items)
-    longest = max(len(ids) for ids in items.items)
+    longest = max(len(it.ids) for it in items.items)  # tokenized by the batch
     assert graphs.runs == [((4, bucket_for(longest, GRAPH_LENGTHS)), 3)]
     for a, b in zip(eager, graphed, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)

@@ -549,3 +549,36 @@ def test_an_item_handed_back_is_prepared_off_the_model_thread_and_queued_again(
     assert asyncio.run(main()) == ["out-a", "out-slow-prepared", "out-b"]
     model_thread = executor.submit(lambda: threading.current_thread().name).result()
     assert len(prepared_in) == 1 and prepared_in[0] != model_thread
+
+
+def test_token_budget_bounds_batches_and_every_request_gets_its_outputs(executor) -> None:
+    gate = threading.Event()
+    batches: list[list[int]] = []
+
+    def model(items: list[int]) -> list[str]:
+        gate.wait(5.0)
+        batches.append(list(items))
+        return [f"out-{i}" for i in items]
+
+    async def main() -> list[list[str]]:
+        b: Batcher[int, str] = Batcher(
+            model, executor, 64, 0.0, cost=lambda n: n, max_batch_tokens=1024
+        )
+        first = asyncio.create_task(b.submit([8]))
+        await asyncio.sleep(0.02)  # the model holds the first batch; the rest queue
+        rest = [asyncio.create_task(b.submit(req)) for req in ([200] * 10, [10] * 40, [250])]
+        await asyncio.sleep(0.02)
+        gate.set()
+        return await asyncio.gather(first, *rest)
+
+    outs = asyncio.run(main())
+    assert outs == [["out-8"], ["out-200"] * 10, ["out-10"] * 40, ["out-250"]]
+    for batch in batches:
+        assert len(batch) == 1 or len(batch) * max(batch) <= 1024
+    # the passages ran apart from the queries (one bucket per batch once the backlog formed)
+    assert all(len({max(n, 32).bit_length() for n in batch}) == 1 for batch in batches[1:])
+
+
+def test_max_batch_tokens_needs_a_cost(executor) -> None:
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        Batcher(lambda xs: xs, executor, 8, 0.0, max_batch_tokens=100)

@@ -152,3 +152,100 @@ class BadExamples(Decoding):
 
     def example_inputs(self, n: int) -> list[Any]:
         return [[1.0] * WIDTH for _ in range(n)]
+
+
+def byte_counts(texts: list[str]) -> torch.Tensor:
+    """Each text's bytes counted into WIDTH bins, a row per text."""
+    x = torch.zeros(len(texts), WIDTH)
+    for row, text in enumerate(texts):
+        for b in text.encode():
+            x[row, b % WIDTH] += 1.0
+    return x
+
+
+def seeded(layer: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """``layer`` with weights drawn from ``seed``: the same model in every process."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    return layer
+
+
+class PairScorer:
+    """A cross-encoder of sorts for wire: rerank: (query, document) pairs -> one score each, a
+    bilinear form of the two texts' normalised byte counts."""
+
+    def setup(self, device: torch.device) -> None:
+        self.device = device
+        self.layer = seeded(torch.nn.Bilinear(WIDTH, WIDTH, 1), 0).to(device)
+        self.batches: list[int] = []
+
+    def predict(self, batch: list[Any]) -> Any:
+        self.batches.append(len(batch))
+        q = torch.nn.functional.normalize(byte_counts([p[0] for p in batch]), dim=1)
+        d = torch.nn.functional.normalize(byte_counts([p[1] for p in batch]), dim=1)
+        return self.layer(q.to(self.device), d.to(self.device))[:, 0]  # one float per pair
+
+    def example_inputs(self, n: int) -> list[Any]:
+        return [["q" * 64, "d" * 512] for _ in range(n)]  # JSON-style lists: taken as pairs
+
+
+class PairScorerColumn(PairScorer):
+    """PairScorer's scores as a column, (n, 1), as a one-label classifier gives them."""
+
+    def predict(self, batch: list[Any]) -> Any:
+        return super().predict(batch)[:, None]
+
+
+class TwoScoresPerPair(PairScorer):
+    def predict(self, batch: list[Any]) -> Any:
+        return torch.stack([super().predict(batch)] * 2, dim=1)
+
+
+class NanScorer(PairScorer):
+    def predict(self, batch: list[Any]) -> Any:
+        return [float("nan")] * len(batch)
+
+
+class BadPairExamples(PairScorer):
+    """Its example inputs are texts, not the (query, document) pairs the rerank wire gives."""
+
+    def example_inputs(self, n: int) -> list[Any]:
+        return ["q" * 64] * n
+
+
+class Unlabelled:
+    """Texts or text pairs -> a softmax over three classes, for wire: predict, with no labels
+    (the wire names them LABEL_0, ...)."""
+
+    classes = 3
+
+    def setup(self, device: torch.device) -> None:
+        self.layer = seeded(torch.nn.Linear(2 * WIDTH, self.classes), 1).to(device)
+
+    def predict(self, batch: list[Any]) -> list[list[float]]:
+        first = [x if isinstance(x, str) else x[0] for x in batch]
+        second = ["" if isinstance(x, str) else x[1] for x in batch]
+        x = torch.cat([byte_counts(first), byte_counts(second)], dim=1)
+        return self.layer(x).softmax(dim=1).tolist()  # plain lists of floats
+
+    def example_inputs(self, n: int) -> list[Any]:
+        return [("p" * 256, "h" * 256) if i % 2 else "t" * 512 for i in range(n)]
+
+
+class Sentiment(Unlabelled):
+    labels = ["negative", "neutral", "positive"]
+
+
+class WrongLabelCount(Sentiment):
+    labels = ["negative", "neutral", "positive", "mixed"]
+
+
+class LabelsNotStrings(Sentiment):
+    labels = [0, 1, 2]  # type: ignore[list-item]
+
+
+class RaggedScores(Unlabelled):
+    def predict(self, batch: list[Any]) -> list[list[float]]:
+        return [[0.5] * (1 + i) for i in range(len(batch))]
