@@ -20,7 +20,6 @@ __all__ = [
     "HAPROXY_HEALTH_CHECK_DEFAULTS",
     "HAPROXY_RETRY_DEFAULTS",
     "HAPROXY_RETRY_ON",
-    "HAPROXY_SHUTDOWN_ON_DOWN_OPTION",
     "SAME_THREAD_VAR",
     "TIMEOUT_SERVER_MARGIN_S",
     "TIMEOUT_SERVER_VAR",
@@ -46,16 +45,9 @@ HAPROXY_RETRY_ON = "conn-failure empty-response response-timeout"
 # Ray), so larger bodies, most images, are never replayed. Ray has no setting for the option:
 # it rides on the retry-on value (ray_compat.haproxy_retry_on_with_lines).
 HAPROXY_BUFFER_REQUEST_OPTION = "option http-buffer-request"
-# A hung replica's requests would wait on it for `timeout server`: the health check marks it
-# DOWN (6.25 s at worst) but leaves the requests sent to it. This ends them when it does, and
-# `empty-response` replays them on another replica at once (HAProxy 2.8.25, checked with its
-# binary: benchmarks/journal/2026-12-01-hung-replica.md). A slow replica that still answers its
-# check keeps its requests. In `defaults`, every backend's servers inherit it beside their own
-# default-server line; Ray has no setting for it either.
-HAPROXY_SHUTDOWN_ON_DOWN_OPTION = "default-server on-marked-down shutdown-sessions"
 HAPROXY_RETRY_DEFAULTS = {
     ray_compat.HAPROXY_RETRY_ON_VAR: ray_compat.haproxy_retry_on_with_lines(
-        HAPROXY_RETRY_ON, HAPROXY_BUFFER_REQUEST_OPTION, HAPROXY_SHUTDOWN_ON_DOWN_OPTION
+        HAPROXY_RETRY_ON, HAPROXY_BUFFER_REQUEST_OPTION
     ),
     "RAY_SERVE_HAPROXY_RETRIES": "1",
 }
@@ -68,9 +60,8 @@ HAPROXY_HEALTH_CHECK_DEFAULTS = {"RAY_SERVE_HAPROXY_HEALTH_CHECK_INTER": "2s"}
 # at once instead of draining it for graceful_shutdown_timeout_s; HAProxy replays what it held.
 FORCE_STOP_UNHEALTHY_VAR = "RAY_SERVE_FORCE_STOP_UNHEALTHY_REPLICAS"
 # HAProxy gives up on a request held by a hung replica after `timeout server` (unset in Ray:
-# forever) and replays it; a backstop now, for a replica that still passes its health check. A
-# working replica answers within its request_timeout_s (its own 504 at worst), so the timeout is
-# that plus a margin: shorter would double slow work under load.
+# forever) and replays it. A working replica answers within its request_timeout_s (its own 504
+# at worst), so the timeout is that plus a margin: shorter would double slow work under load.
 TIMEOUT_SERVER_VAR = "RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S"
 TIMEOUT_SERVER_MARGIN_S = 5
 

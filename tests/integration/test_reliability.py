@@ -114,8 +114,6 @@ def test_haproxy_is_configured_to_retry_a_dead_replicas_requests(rel: str) -> No
     lines = [line.strip() for line in defaults.splitlines()]
     assert "retry-on conn-failure empty-response response-timeout" in lines, defaults
     assert "option http-buffer-request" in lines, defaults
-    # A replica marked DOWN gives up its requests for replay (test_hung_replica.py).
-    assert "default-server on-marked-down shutdown-sessions" in lines, defaults
     assert f"retries {HAPROXY_RETRY_DEFAULTS['RAY_SERVE_HAPROXY_RETRIES']}" in lines, defaults
     assert "option redispatch 1" in lines, defaults
     # The cluster's apps keep the default request_timeout_s (30 s): 5 s more for HAProxy.

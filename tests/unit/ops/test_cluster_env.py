@@ -34,10 +34,7 @@ def test_reliability_env_names_every_setting() -> None:
     assert "response-timeout" in env["RAY_SERVE_HAPROXY_RETRY_ON"]
 
 
-def test_buffer_request_and_shutdown_on_down_ride_on_the_retry_on_value_as_lines() -> None:
+def test_http_buffer_request_rides_on_the_retry_on_value_as_a_line_of_its_own() -> None:
     value = cluster_env.HAPROXY_RETRY_DEFAULTS["RAY_SERVE_HAPROXY_RETRY_ON"]
-    assert value == (
-        "conn-failure empty-response response-timeout\n    option http-buffer-request"
-        "\n    default-server on-marked-down shutdown-sessions"
-    )
+    assert value == "conn-failure empty-response response-timeout\n    option http-buffer-request"
     assert cluster_env.cluster_env()["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
