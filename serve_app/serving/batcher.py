@@ -32,6 +32,7 @@ batches wanted), so a request waits for at most one step.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import math
 import time
@@ -41,7 +42,7 @@ from concurrent.futures import Executor
 from typing import Any, Generic, TypeVar
 
 from serve_app.errors import Overloaded
-from serve_app.serving import packing
+from serve_app.serving import packing, requestid
 
 logger = logging.getLogger("serve_app")
 
@@ -61,6 +62,7 @@ class _Request:
         "future",
         "enqueued_s",
         "counted",
+        "request_id",
         "skipped",
     )
 
@@ -72,6 +74,7 @@ class _Request:
         self.future = future
         self.enqueued_s = now_s
         self.counted = True  # its untaken items are in Batcher._queued
+        self.request_id = requestid.current()  # its batches' log lines name it
         self.skipped = 0  # batches formed past it while it waited (length bucketing)
 
 
@@ -187,7 +190,10 @@ class Batcher(Generic[T, R]):
         loop = asyncio.get_running_loop()
         if self._worker is None or self._worker.done():
             self._wakeup = asyncio.Event()
-            self._worker = loop.create_task(self._work(), name="serve_app-batcher")
+            # A context of its own: not the first request's, whose id its lines would carry.
+            self._worker = loop.create_task(
+                self._work(), name="serve_app-batcher", context=contextvars.Context()
+            )
         future: asyncio.Future[list[Any]] = loop.create_future()
         req = _Request(items, future, time.monotonic())
         self._queue.append(req)
@@ -366,7 +372,11 @@ class Batcher(Generic[T, R]):
         started_s = time.perf_counter()
         try:
             outputs = await loop.run_in_executor(
-                self._executor, self._run_batch, [req.items[i] for req, i in batch]
+                self._executor,
+                requestid.in_batch,
+                [req.request_id for req, _ in batch],
+                self._run_batch,
+                [req.items[i] for req, i in batch],
             )
             self._measure(len(batch), time.perf_counter() - started_s)
             if len(outputs) != len(batch):

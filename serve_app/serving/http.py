@@ -36,6 +36,7 @@ from serve_app.errors import (
     ServeAppError,
     Unauthorized,
 )
+from serve_app.serving import requestid
 from serve_app.serving.auth import ApiKeys
 from serve_app.serving.metrics import count_error
 
@@ -59,12 +60,14 @@ def json_response(
 
 def error_response(err: ServeAppError, headers: Mapping[str, str] | None = None) -> Response:
     """``err`` as its JSON body and status, with its own headers (``err.headers()``) and
-    ``headers``."""
+    ``headers``; the body names the request's id (``error.request_id``, requestid.py)."""
     count_error(err)  # 503s and 504s, by reason (serving/metrics)
     own = err.headers()
     if headers:
         own.update(headers)
-    return json_response(err.to_json(), err.status_code, own or None)
+    body = err.to_json()
+    body["error"]["request_id"] = requestid.current() or None
+    return json_response(body, err.status_code, own or None)
 
 
 class BodyBytes:
@@ -192,7 +195,8 @@ class Ingress:
     """An ASGI app over a table of exact paths: ``{path: {method: handler}}``.
 
     An unknown path gets a JSON 404; a known path with another method gets a JSON 405 with the
-    ``Allow`` header RFC 9110 requires. ``HEAD`` is served wherever ``GET`` is. Lifespan events
+    ``Allow`` header RFC 9110 requires. ``HEAD`` is served wherever ``GET`` is. Every answer
+    carries the request's id in ``x-request-id`` (requestid.begin picks it). Lifespan events
     are acknowledged (Serve runs the app under uvicorn's lifespan handling). With ``api_keys``
     that hold keys, a request to one of the ``protected`` paths needs a valid bearer key
     (auth.ApiKeys) and gets a JSON 401 before anything else runs, the method check included.
@@ -220,6 +224,7 @@ class Ingress:
             return
         if scope["type"] != "http":
             return
+        request_id = requestid.begin(scope["headers"])
         path = route_path(scope)
         methods = self.routes.get(path)
         if methods is None and path == "/" and (own := self._route_at(scope)) is not None:
@@ -243,6 +248,8 @@ class Ingress:
                     response = await handler(Request(scope, receive))
                 except Exception:  # noqa: BLE001 - a JSON 500 with an id, never a bare one
                     response = internal_error("request")
+        if not requestid.echoed_by_serve(send, request_id):
+            response.raw_headers.append((requestid.HEADER_BYTES, request_id.encode()))
         await response(scope, receive, send)
 
     def _route_at(self, scope: Scope) -> str | None:

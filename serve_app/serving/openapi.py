@@ -26,6 +26,7 @@ class ErrorDetail(BaseModel):
     type: str
     param: str | None = None
     code: str | None = None
+    request_id: str | None = Field(None, description="the x-request-id of the answer")
 
 
 class ErrorBody(BaseModel):

@@ -25,7 +25,7 @@ from serve_app.control.stats import replica_autoscaling_stats
 from serve_app.errors import InsufficientMemory, ItemError, NotFound, Overloaded, Unauthorized
 from serve_app.gpu import calibcache
 from serve_app.gpu.budget import format_bytes
-from serve_app.serving import listing, poison, readiness
+from serve_app.serving import listing, poison, readiness, requestid
 from serve_app.serving.auth import load_api_keys, protected_paths
 from serve_app.serving.batcher import Batcher
 from serve_app.serving.http import (
@@ -89,6 +89,8 @@ class ModelServer:
     """One model replica: decode, batch, predict under the cap, encode."""
 
     def __init__(self, args: dict[str, Any] | AppArgs):
+        # serve_app's log lines into this replica's Serve log file, each with its request id.
+        requestid.attach_to_serve()
         self.args = args if isinstance(args, AppArgs) else parse_args(args)
         # From the environment, never the config; first, so that a key variable that yields no
         # key stops the replica before any model work (it never serves open).

@@ -14,6 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from contextvars import ContextVar
+
     from ray import ObjectRef
     from ray.serve.schema import ServeDeploySchema
 
@@ -36,6 +38,8 @@ __all__ = [
     "raylet_address",
     "reread_auth_mode",
     "serve_details",
+    "serve_echoes_request_id",
+    "serve_request_context",
     "session_dir",
 ]
 
@@ -100,6 +104,51 @@ def reread_auth_mode() -> None:
     if ray.is_initialized():
         raise RuntimeError("RAY_AUTH_MODE changed while this process is connected to Ray")
     Config.initialize("")
+
+
+def serve_request_context() -> tuple[ContextVar[Any], type[Any]]:
+    """Serve's per-request context variable and its dataclass (``request_id``, ``route``,
+    ``app_name``, ...). Serve's log filter stamps each record of the ``ray.serve`` logger with
+    the ``request_id`` it holds (ray/serve/_private/logging_utils.py: ServeContextFilter);
+    direct ingress sets it from the ``x-request-id`` header as sent, or a new uuid4
+    (ray/serve/_private/replica.py: the direct-ingress ``request_id``). Source:
+    ray/serve/context.py (``_serve_request_context``, ``_RequestContext``). Checked by
+    tests/integration/test_request_ids.py."""
+    from ray.serve import context
+
+    return context._serve_request_context, context._RequestContext
+
+
+# Serve wraps every HTTP server it runs (the proxy's, and each replica's under direct ingress) in
+# its RequestIdMiddleware, which gives the app a ``send`` that appends ``X-Request-ID`` with the
+# id the request came with, as sent (ray/serve/_private/http_util.py: RequestIdMiddleware,
+# _apply_middlewares; start_asgi_http_server applies it). Direct ingress hands the app its own
+# ``send`` around that one (ray/serve/_private/replica.py: send_user_message, a closure over
+# ``send``).
+SERVE_ECHO_SEND = "RequestIdMiddleware.__call__.<locals>.send_with_request_id"
+SEND_WRAPS_MAX = 4
+
+
+def serve_echoes_request_id(send: Any, request_id: str) -> bool:
+    """Find Serve's RequestIdMiddleware ``send`` behind ``send`` (through closures over a
+    ``send``) and make it append ``request_id`` (its closure's ``request_id``), so that a
+    replaced id is what the client sees and a bad one is never echoed. False when there is
+    none within reach. Checked by tests/unit/serving/test_requestid.py on Serve's middleware
+    and by tests/integration/test_request_ids.py on a replica's server."""
+    fn = send
+    for _ in range(SEND_WRAPS_MAX):
+        code = getattr(fn, "__code__", None)
+        if code is None or not fn.__closure__:
+            return False
+        if fn.__qualname__ == SERVE_ECHO_SEND:
+            cell = fn.__closure__[code.co_freevars.index("request_id")]
+            if cell.cell_contents != request_id:
+                cell.cell_contents = request_id
+            return True
+        if "send" not in code.co_freevars:
+            return False
+        fn = fn.__closure__[code.co_freevars.index("send")].cell_contents
+    return False
 
 
 def haproxy_retry_on_with_lines(retry_on: str, *lines: str) -> str:

@@ -80,7 +80,8 @@ def assert_json_error(resp: httpx.Response, status: int) -> dict[str, Any]:
     assert resp.status_code == status, (resp.status_code, resp.text[:500])
     assert resp.headers["content-type"].startswith("application/json"), resp.headers
     body = resp.json()
-    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert set(body["error"]) == {"message", "type", "param", "code", "request_id"}, body
+    assert body["error"]["request_id"] == resp.headers["x-request-id"]
     assert "Traceback" not in body["error"]["message"]
     return dict(body["error"])
 
