@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-MAX_EXAMPLES = 500
-KEYED_EXAMPLES = 100
+MAX_EXAMPLES = 250
+KEYED_EXAMPLES = 60
 SEED = 20261130  # fixed, so that a failure reproduces with the command the test prints
 RUN_TIMEOUT_S = 300
 # What `serve-app run configs/cpu.yaml` serves, less the GPU.
