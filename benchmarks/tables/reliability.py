@@ -17,7 +17,11 @@ from benchmarks.tables.common import (
     table,
 )
 
-GPU_FAULT_RUNS = ("reliability/gpu_faults_h200_run1.json", "reliability/gpu_faults_h200_run2.json")
+GPU_FAULT_RUNS = (
+    "reliability/gpu_faults_h200_run1.json",
+    "reliability/gpu_faults_h200_run2.json",
+    "reliability/sigstop_h200_daef6d9.json",
+)
 CPU_FAULT_FILES = (
     "reliability/faults_cpu.json",
     "reliability/sigstop15_ray_defaults.json",

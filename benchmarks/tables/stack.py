@@ -7,7 +7,8 @@ from typing import Any
 
 from benchmarks.tables.common import BLOCK, Ctx, Renderer, fmt_ms, fmt_rate, fmt_x, load, table
 
-STACK = "stack/stack.json"
+STACK = "stack/stack.json"  # the CPU dry run (--quick)
+STACK_H200 = "stack/stack_h200_daef6d9.json"
 
 
 def _share(value: float | None) -> str:
@@ -21,8 +22,8 @@ def _ceiling(row: dict[str, Any]) -> str:
     return f"{fmt_rate(best)} (batch {row.get('ceiling_batch')})"
 
 
-def r_stack(ctx: Ctx) -> str:
-    d = load(ctx.results / STACK)
+def r_stack(ctx: Ctx, name: str = STACK) -> str:
+    d = load(ctx.results / name)
     s, v, watch = d["settings"], d["verdict"], d["budget_watch"]
     body = [
         [
@@ -58,7 +59,7 @@ def r_stack(ctx: Ctx) -> str:
     lines = [
         table(header, body),
         "",
-        f"{ctx.link(STACK)}: {kind}; code `{str(commit)[:7]}`; wrk with "
+        f"{ctx.link(name)}: {kind}; code `{str(commit)[:7]}`; wrk with "
         f"{s['connections']} connections per route for {s['duration_s']:g} s each run; "
         f"budget violations {watch['budget_violations']} in "
         f"{watch['nvml_samples_judged']:,} NVML samples judged; criteria "
@@ -69,4 +70,11 @@ def r_stack(ctx: Ctx) -> str:
     return "\n".join(lines)
 
 
-RENDERERS: dict[str, tuple[str, Renderer]] = {"stack": (BLOCK, r_stack)}
+def r_stack_h200(ctx: Ctx) -> str:
+    return r_stack(ctx, STACK_H200)
+
+
+RENDERERS: dict[str, tuple[str, Renderer]] = {
+    "stack": (BLOCK, r_stack),
+    "stack-h200": (BLOCK, r_stack_h200),
+}
