@@ -194,7 +194,8 @@ def make_config(a: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
         "warmup_s": 0.5 if small else 1.0,
         # Between runs, so that one run's queues drain before the next starts.
         "pause_s": 0.3 if small else 1.0,
-        "connections": a.connections or ([8, 32] if small else [64, 256]),
+        # --quick checks the tool end to end: one wrk connection count, one open-loop rate.
+        "connections": a.connections or ([8] if a.quick else [8, 32] if cpu else [64, 256]),
         "openloop_fraction": a.openloop_fraction,
         "openloop_connections": a.openloop_connections or (16 if small else 512),
         "openloop_procs": a.openloop_procs,
@@ -204,7 +205,7 @@ def make_config(a: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
         "ceiling_warmup_s": 0.5,
         "ceiling_start_rate": 200.0 if cpu else 50000.0,
         "ceiling_max_rate": 800.0 if cpu else 200000.0,
-        "ceiling_max_points": 3 if small else 4,
+        "ceiling_max_points": 1 if a.quick else 3 if cpu else 4,
         "ceiling_max_bytes_per_s": 2 << 30,  # the first rate tried moves at most this
         "model_batches": {
             "minilm": [1, 8] if cpu else [64, 128, 256, 512, 1024],
