@@ -25,7 +25,7 @@ from serve_app.control.stats import replica_autoscaling_stats
 from serve_app.errors import InsufficientMemory, ItemError, NotFound, Overloaded, Unauthorized
 from serve_app.gpu import calibcache
 from serve_app.gpu.budget import format_bytes
-from serve_app.serving import listing, poison, readiness, requestid
+from serve_app.serving import hung, listing, poison, readiness, requestid
 from serve_app.serving.auth import load_api_keys, protected_paths
 from serve_app.serving.batcher import Batcher
 from serve_app.serving.http import (
@@ -139,13 +139,9 @@ class ModelServer:
         # is already running with the imports done (warmpool).
         self._warm_workers = warmpool.start_keeper(self.args.warm_workers)
         threading.Thread(target=self._report_loop, name="report", daemon=True).start()
-        logger.info(
-            "replica %s ready: %s on %s, max batch %d",
-            self.replica_id,
-            self.model.name,
-            self.partition.device,
-            self.batch_cap,
-        )
+        hung.start_reaper(self._stop)  # a hung neighbour on this node: its requests replayed
+        ready = (self.replica_id, self.model.name, self.partition.device, self.batch_cap)
+        logger.info("replica %s ready: %s on %s, max batch %d", *ready)
 
     def _watch_budget(self, monitor: MonitorHandle) -> None:
         budget = self.partition.budget

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 
 import httpx
+import psutil
 import pytest
 
 from serve_app.ops.cluster_env import HAPROXY_RETRY_DEFAULTS
@@ -41,12 +42,12 @@ def rel(cluster) -> Iterator[str]:
 
 class Load:
     """``CLIENTS`` threads posting BODY until stopped; results are (monotonic time, status or
-    error, replica id)."""
+    error, replica id, monotonic time sent)."""
 
     def __init__(self, url: str):
         self.url = url
         self.stop = threading.Event()
-        self.results: list[tuple[float, int | str, str | None]] = []
+        self.results: list[tuple[float, int | str, str | None, float]] = []
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._run) for _ in range(CLIENTS)]
 
@@ -55,6 +56,7 @@ class Load:
             for _ in range(MAX_REQUESTS_PER_CLIENT):
                 if self.stop.is_set():
                     return
+                sent = time.monotonic()
                 try:
                     resp = client.post(self.url, json=BODY)
                     out: tuple[int | str, str | None] = (
@@ -64,11 +66,11 @@ class Load:
                 except httpx.HTTPError as exc:
                     out = (repr(exc)[:120], None)
                 with self._lock:
-                    self.results.append((time.monotonic(), *out))
+                    self.results.append((time.monotonic(), *out, sent))
 
     def replicas(self) -> set[str]:
         with self._lock:
-            return {r for _, _, r in self.results if r}
+            return {r[2] for r in self.results if r[2]}
 
     def __enter__(self) -> Load:
         for t in self._threads:
@@ -148,7 +150,7 @@ def test_sigkill_of_a_replica_under_load_loses_no_request(rel: str) -> None:
             time.sleep(0.25)
     after = [r for r in load.results if r[0] > killed_at]
     failed = [r for r in load.results if r[1] != 200]
-    assert failed == [], [(round(t - killed_at, 3), *rest) for t, *rest in failed[:10]]
+    assert failed == [], [(round(t - killed_at, 3), *rest[:2]) for t, *rest in failed[:10]]
     assert len(after) >= 20, f"only {len(after)} requests were sent after the kill"
     # /readyz never went 503: one replica of two can serve. It saw the deployment degraded.
     assert {code for code, _ in ready_answers} == {200}, ready_answers
@@ -160,3 +162,52 @@ def test_sigkill_of_a_replica_under_load_loses_no_request(rel: str) -> None:
         time.sleep(1.0)
         state = ready_state(rel)
     assert state[0] == 200 and "rel/model" not in state[1], state
+
+
+def server_status(replica_id: str) -> str:
+    import ray
+
+    servers = haproxy_servers(ray.get_runtime_context().get_node_id())
+    row = servers.get(f"http-rel/SERVE_REPLICA_rel-model-{replica_id}")
+    return row["status"] if row else "absent"
+
+
+def test_a_hung_replicas_requests_are_answered_within_its_detection_and_2_s(rel: str) -> None:
+    """SIGSTOP of a replica under load: once HAProxy marks it DOWN, a neighbour's watch
+    (serving/hung.py) finds it silent and SIGKILLs it, and HAProxy replays what it held; without
+    the watch those requests waited for `timeout server` (35 s here)."""
+    with Load(f"{rel}/v1/embeddings") as load:
+        deadline = time.monotonic() + 60.0
+        while len(load.replicas()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        mine = load.replicas()
+        assert len(mine) == 2, mine
+        wait_haproxy_up(mine)
+        report = httpx.get(f"{rel}/v1/memory", timeout=30.0).json()["replicas"]
+        victim = next(r for r in report if r["replica_id"] in mine)
+        proc = psutil.Process(victim["pid"])
+        stopped_at = time.monotonic()
+        os.kill(victim["pid"], signal.SIGSTOP)
+        try:
+            down_at = gone_at = None
+            while time.monotonic() < stopped_at + 20.0 and gone_at is None:
+                if down_at is None and server_status(victim["replica_id"]) in ("DOWN", "absent"):
+                    down_at = time.monotonic()
+                if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
+                    gone_at = time.monotonic()
+                time.sleep(0.1)
+            time.sleep(2.0)  # the load goes on past the replay
+        finally:
+            if proc.is_running():
+                proc.send_signal(signal.SIGCONT)
+    assert down_at is not None and gone_at is not None, (down_at, gone_at, proc)
+    failed = [r for r in load.results if r[1] != 200]
+    assert failed == [], [(round(t - stopped_at, 3), *rest[:2]) for t, *rest in failed[:10]]
+    # Ended by the watch: killed soon after HAProxy marked it DOWN.
+    assert gone_at - down_at <= 1.5, (round(down_at - stopped_at, 2), round(gone_at - down_at, 2))
+    # Every request sent before it left rotation (those it held among them) was answered by
+    # then + 2 s.
+    held = [(t, sent) for t, _, _, sent in load.results if sent < down_at]
+    latest = max(t for t, _ in held)
+    assert latest <= down_at + 2.0, (round(down_at - stopped_at, 2), round(latest - stopped_at, 2))
+    assert any(t > down_at for t, _ in held), "no request was held by the stopped replica"
