@@ -21,6 +21,7 @@ GPU_FAULT_RUNS = (
     "reliability/gpu_faults_h200_run1.json",
     "reliability/gpu_faults_h200_run2.json",
     "reliability/sigstop_h200_daef6d9.json",
+    "reliability/sigstop_h200_887eda6.json",
 )
 CPU_FAULT_FILES = (
     "reliability/faults_cpu.json",
