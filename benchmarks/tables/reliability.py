@@ -30,6 +30,7 @@ CPU_FAULT_FILES = (
     "reliability/sigstop40.json",
     "reliability/gpu_faults_cpu_dry_run.json",
     "reliability/sigstop_hung_before.json",
+    "reliability/sigstop_watch_cpu.json",
 )
 
 
