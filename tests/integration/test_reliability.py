@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import psutil
@@ -104,6 +105,21 @@ def ready_state(base: str) -> tuple[int, list[str]]:
     return resp.status_code, resp.json()["degraded"]
 
 
+def pick_victim(load: Load, rel: str) -> dict[str, Any]:
+    """Once both replicas answer the load and HAProxy has both UP, one of them (its memory
+    report: replica_id, pid)."""
+    deadline = time.monotonic() + 60.0
+    while len(load.replicas()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    mine = load.replicas()
+    assert len(mine) == 2, mine
+    # Serve marks a replica RUNNING (and may route to it through its fallback proxy) before
+    # HAProxy has it UP; a fault before then leaves HAProxy no replica to retry on.
+    wait_haproxy_up(mine)
+    report = httpx.get(f"{rel}/v1/memory", timeout=30.0).json()["replicas"]
+    return dict(next(r for r in report if r["replica_id"] in mine))
+
+
 def test_haproxy_is_configured_to_retry_a_dead_replicas_requests(rel: str) -> None:
     import ray
 
@@ -127,16 +143,7 @@ def test_haproxy_is_configured_to_retry_a_dead_replicas_requests(rel: str) -> No
 
 def test_sigkill_of_a_replica_under_load_loses_no_request(rel: str) -> None:
     with Load(f"{rel}/v1/embeddings") as load:
-        deadline = time.monotonic() + 60.0
-        while len(load.replicas()) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        mine = load.replicas()
-        assert len(mine) == 2, mine
-        # Serve marks a replica RUNNING (and may route to it through its fallback proxy)
-        # before HAProxy has it UP; a kill before then leaves HAProxy no replica to retry on.
-        wait_haproxy_up(mine)
-        report = httpx.get(f"{rel}/v1/memory", timeout=30.0).json()["replicas"]
-        victim = next(r for r in report if r["replica_id"] in mine)
+        victim = pick_victim(load, rel)
         killed_at = time.monotonic()
         os.kill(victim["pid"], signal.SIGKILL)
         # Serve notices the death at its next health check of the replica (every 5 s), so
@@ -177,14 +184,7 @@ def test_a_hung_replicas_requests_are_answered_within_its_detection_and_2_s(rel:
     (serving/hung.py) finds it silent and SIGKILLs it, and HAProxy replays what it held; without
     the watch those requests waited for `timeout server` (35 s here)."""
     with Load(f"{rel}/v1/embeddings") as load:
-        deadline = time.monotonic() + 60.0
-        while len(load.replicas()) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        mine = load.replicas()
-        assert len(mine) == 2, mine
-        wait_haproxy_up(mine)
-        report = httpx.get(f"{rel}/v1/memory", timeout=30.0).json()["replicas"]
-        victim = next(r for r in report if r["replica_id"] in mine)
+        victim = pick_victim(load, rel)
         proc = psutil.Process(victim["pid"])
         stopped_at = time.monotonic()
         os.kill(victim["pid"], signal.SIGSTOP)
