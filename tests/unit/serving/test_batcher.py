@@ -492,11 +492,13 @@ def test_an_empty_queue_between_requests_is_not_idle(executor) -> None:
     async def main() -> float:
         b = Batcher(model, executor, max_batch_size=8, batch_wait_timeout_s=0.0, idle_work=work)
         b.IDLE_WORK_EVERY_S = 0.05
+        # 10 ms gaps against a quiet time of 0.25 s: a loaded CI machine's stalls stay below it.
+        b.IDLE_AFTER_S = 0.25
         for i in range(40):
             await b.submit([i])
             await asyncio.sleep(0.01)
         stopped = time.monotonic()
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.6)
         b.close()
         return stopped
 
