@@ -312,6 +312,10 @@ def hostile(base: str, max_body_bytes: int) -> list[Row]:
 FAULTS = ("sigkill", "sigstop", "overload", "hostile")
 
 
+def skipped(fault: str, why: str) -> Row:
+    return Row(fault, 0, 0, 0, None, {"skipped": why})
+
+
 def print_rows(rows: list[Row], fault_width: int) -> None:
     """One line per fault: sent, lost, failed and recovery_s."""
     for r in rows:

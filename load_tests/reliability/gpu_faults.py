@@ -34,7 +34,6 @@ left, less the shutdown's share), a deadline for every wait. Only 127.0.0.1 is t
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import signal
@@ -49,12 +48,9 @@ from typing import Any
 import httpx
 
 from load_tests.harness.cluster import (
-    APP,
     ARGS,
     Target,
     UpLog,
-    haproxy_rows,
-    haproxy_up,
     pick_victim,
     reliability_env,
     start_cluster,
@@ -65,14 +61,13 @@ from load_tests.harness.load import BODY, CLIENTS, Load, first_ok
 from load_tests.harness.meta import PROVENANCE_HELP, run_meta
 from load_tests.harness.nvml import BudgetWatch
 from load_tests.harness.run import Budget
-from load_tests.reliability.faults import Row, overload, print_rows, sigstop
-from serve_app.control.monitor import pid_alive
+from load_tests.reliability.faults import Row, overload, print_rows, sigstop, skipped
+from load_tests.reliability.poisoned import poisoned
 
 # kill20 last: it takes whatever the budget has left, the others' actual time, not a reserve.
 FAULTS = ("poisoned", "sigstop", "hog", "overload", "kill20")
 GPU_ONLY = {"hog"}
 KILL_GAP_S = 2.0  # at least this between two kills of the series
-POISON_LOG_TEXT = "poisoned this process's CUDA context"
 
 
 def app_args(device: str) -> dict[str, Any]:
@@ -96,10 +91,6 @@ def start_suite_cluster(device: str, replicas: int, gpus: int, timeout_s: float)
         num_cpus=max(8, replicas * 2),
         timeout_s=timeout_s,
     )
-
-
-def skipped(fault: str, why: str) -> Row:
-    return Row(fault, 0, 0, 0, None, {"skipped": why})
 
 
 # ---- kill20 --------------------------------------------------------------------------------
@@ -171,68 +162,6 @@ def kill_series(
             "statuses": statuses,
             "notes": notes,
         },
-    )
-
-
-# ---- poisoned ------------------------------------------------------------------------------
-
-
-def poison_log_lines(since_unix: float) -> list[str]:
-    """Ray session log files (written since ``since_unix``) that hold the replica's CRITICAL
-    line; the line may be in its serve log and its worker stderr both."""
-    hits = []
-    for path in glob.glob("/tmp/ray/session_latest/logs/**/*", recursive=True):
-        try:
-            if os.path.getmtime(path) < since_unix or not os.path.isfile(path):
-                continue
-            with open(path, errors="replace") as f:
-                if any(POISON_LOG_TEXT in line for line in f):
-                    hits.append(os.path.basename(path))
-        except OSError:
-            continue
-    return sorted(hits)
-
-
-def poisoned(target: Target, budget: Budget) -> Row:
-    deadline = budget.deadline(120.0)
-    started_unix = time.time()
-    detail: dict[str, Any] = {}
-    with Load(target.url) as load:
-        time.sleep(2.0)
-        up = [r for r, s in haproxy_up(target).items() if s == "UP"]
-        victim = pick_victim(target, up, set())
-        if victim is None:
-            return skipped("poisoned", "no replica UP with a known pid")
-        rid, pid = victim
-        addr = haproxy_rows(target)[rid]["addr"]  # the replica's own port
-        fault_at = time.monotonic()
-        try:
-            resp = httpx.post(
-                f"http://{addr}/{APP}/v1/_faults", json={"kind": "device_assert"}, timeout=30.0
-            )
-            detail["hook_answer"] = {"status": resp.status_code, "body": resp.text[:300]}
-        except httpx.HTTPError as exc:  # the expected outcome: closed with no answer
-            detail["hook_answer"] = f"{type(exc).__name__}: no answer"
-        while pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        detail["exited_s"] = None if pid_alive(pid) else round(time.monotonic() - fault_at, 2)
-        time.sleep(2.0)
-    whole = wait_whole(target, timeout_s=max(0.0, deadline - time.monotonic()), exclude={rid})
-    lost, failed, statuses = load.tally()
-    detail.update(
-        {
-            "victim": rid,
-            "statuses": statuses,
-            "critical_line_in": poison_log_lines(started_unix),
-        }
-    )
-    return Row(
-        "poisoned",
-        len(load.results),
-        lost,
-        failed,
-        None if whole is None else round(time.monotonic() - fault_at, 2),
-        detail,
     )
 
 
