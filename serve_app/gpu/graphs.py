@@ -363,3 +363,25 @@ def graph_batch_limit(args: AppArgs) -> int:
     return min(
         args.cuda_graph_max_batch_size, args.max_batch_size or args.cuda_graph_max_batch_size
     )
+
+
+def text_batch_shape(
+    graphs: GraphSet | None,
+    sizes: Sequence[int],
+    lengths: Sequence[int],
+    n_items: int,
+    longest: int,
+    max_positions: int,
+    pad_multiple: int,
+) -> tuple[tuple[int, int] | None, int]:
+    """How a batch of ``n_items`` token sequences, the longest ``longest``, runs: the graph to
+    replay (its (rows, width) key) or None for eager, and the width to pad to (the graph's, or
+    ``longest`` rounded up to ``pad_multiple`` within ``max_positions``). A bucket without a
+    graph yet is asked for, to be captured between batches."""
+    rows, width = bucket_for(n_items, sizes), bucket_for(longest, lengths)
+    if graphs is not None and rows is not None and width is not None:
+        if graphs.has((rows, width)):
+            return (rows, width), width
+        graphs.want((rows, width))
+    padded = -(-longest // pad_multiple) * pad_multiple
+    return None, max(longest, min(padded, max_positions))

@@ -27,7 +27,7 @@ from serve_app.adapters.embeddings.modeldir import (
 )
 from serve_app.config.args import AppArgs
 from serve_app.errors import ConfigError
-from serve_app.gpu.graphs import GraphMemory, GraphSet, bucket_for, graph_batch_sizes
+from serve_app.gpu.graphs import GraphMemory, GraphSet, graph_batch_sizes, text_batch_shape
 
 logger = logging.getLogger("serve_app")
 
@@ -218,18 +218,15 @@ class SentenceEncoder:
     def _predict_ids(self, batch: list[TextItem]) -> list[np.ndarray]:
         assert self.model is not None, "setup() must run before predict()"
         items = [it.ids or [] for it in batch]
-        longest = max(len(ids) for ids in items)
-        padded = -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE
-        rows = bucket_for(len(items), self._graph_sizes)
-        width = bucket_for(longest, self._graph_lengths)
-        graphed = self.graphs is not None and self.graphs.has((rows, width))
-        if self.graphs is not None and not graphed and rows is not None and width is not None:
-            self.graphs.want((rows, width))  # captured next, between batches
-        if graphed:
-            assert width is not None
-            longest = width
-        else:
-            longest = max(longest, min(padded, self.max_positions))
+        graph, longest = text_batch_shape(
+            self.graphs,
+            self._graph_sizes,
+            self._graph_lengths,
+            len(items),
+            max(len(ids) for ids in items),
+            self.max_positions,
+            PAD_MULTIPLE,
+        )
         ids_np = np.full((len(items), longest), self.tokens.pad_id, dtype=np.int64)
         mask_np = np.zeros((len(items), longest), dtype=np.int64)
         for row, seq in enumerate(items):
@@ -237,9 +234,9 @@ class SentenceEncoder:
             mask_np[row, : len(seq)] = 1
         ids, mask = torch.from_numpy(ids_np), torch.from_numpy(mask_np)
         with torch.inference_mode():
-            if graphed:
+            if graph is not None:
                 assert self.graphs is not None
-                (pooled,) = self.graphs.run((rows, width), (ids, mask))
+                (pooled,) = self.graphs.run(graph, (ids, mask))
             else:
                 (pooled,) = self._forward(ids.to(self.device), mask.to(self.device))
             out = pooled.cpu().numpy()

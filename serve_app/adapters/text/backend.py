@@ -28,7 +28,7 @@ from serve_app.adapters.text.model import BertClassifier, HFClassifier
 from serve_app.adapters.text.modeldir import ClassifierDir, PairTokenization, Task, Tokens
 from serve_app.config.args import AppArgs
 from serve_app.errors import ConfigError
-from serve_app.gpu.graphs import GraphMemory, GraphSet, bucket_for, graph_batch_sizes
+from serve_app.gpu.graphs import GraphMemory, GraphSet, graph_batch_sizes, text_batch_shape
 
 logger = logging.getLogger("serve_app")
 
@@ -195,18 +195,15 @@ class SequenceClassifier:
 
     def _predict_ids(self, items: list[TextItem]) -> list[np.ndarray]:
         assert self.model is not None, "setup() must run before predict()"
-        longest = max(len(item.ids or ()) for item in items)
-        padded = -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE
-        rows = bucket_for(len(items), self._graph_sizes)
-        width = bucket_for(longest, self._graph_lengths)
-        graphed = self.graphs is not None and self.graphs.has((rows, width))
-        if self.graphs is not None and not graphed and rows is not None and width is not None:
-            self.graphs.want((rows, width))  # captured next, between batches
-        if graphed:
-            assert width is not None
-            longest = width
-        else:
-            longest = max(longest, min(padded, self.max_positions))
+        graph, longest = text_batch_shape(
+            self.graphs,
+            self._graph_sizes,
+            self._graph_lengths,
+            len(items),
+            max(len(item.ids or ()) for item in items),
+            self.max_positions,
+            PAD_MULTIPLE,
+        )
         ids_np = np.full((len(items), longest), self.tokens.pad_id, dtype=np.int64)
         mask_np = np.zeros((len(items), longest), dtype=np.int64)
         types_np = np.zeros((len(items), longest), dtype=np.int32)
@@ -217,9 +214,9 @@ class SequenceClassifier:
             types_np[row, :n] = item.types or 0
         ids, mask, types = (torch.from_numpy(a) for a in (ids_np, mask_np, types_np))
         with torch.inference_mode():
-            if graphed:
+            if graph is not None:
                 assert self.graphs is not None
-                (logits,) = self.graphs.run((rows, width), (ids, mask, types))
+                (logits,) = self.graphs.run(graph, (ids, mask, types))
             else:
                 dev = self.device
                 (logits,) = self._forward(ids.to(dev), mask.to(dev), types.to(dev))

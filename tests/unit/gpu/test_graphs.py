@@ -291,3 +291,29 @@ def test_image_pads_to_a_captured_bucket_while_smaller_ones_are_pending(
     assert graphs.order == [4, 1, 8, 2]  # then largest first
     adapter.predict(items)
     assert graphs.runs[-1] == (4, 3)
+
+
+class _Graphs:
+    """has/want of a GraphSet, for text_batch_shape (the graph path itself: test_rerank.py)."""
+
+    def __init__(self, captured: set[tuple[int, int]]):
+        self.captured, self.wanted = captured, []
+
+    def has(self, key):
+        return key in self.captured
+
+    def want(self, key):
+        self.wanted.append(key)
+
+
+def test_text_batch_shape_replays_a_captured_bucket_and_asks_for_a_missing_one() -> None:
+    from serve_app.gpu.graphs import text_batch_shape
+
+    g = _Graphs({(4, 32)})
+    shape = (g, [1, 2, 4, 8], [16, 32, 64])
+    assert text_batch_shape(*shape, 3, 20, 512, 8) == ((4, 32), 32)  # padded to the graph's width
+    assert g.wanted == []
+    assert text_batch_shape(*shape, 5, 20, 512, 8) == (None, 24)  # eager: rounded up to 8
+    assert g.wanted == [(8, 32)]  # captured next, between batches
+    assert text_batch_shape(*shape, 3, 100, 512, 8) == (None, 104)  # past every length bucket
+    assert text_batch_shape(None, [1], [16], 1, 13, 14, 8) == (None, 14)  # within the positions
