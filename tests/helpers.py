@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
 
 import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def wait_http(url: str, timeout_s: float = 60.0) -> None:
@@ -21,3 +30,50 @@ def wait_http(url: str, timeout_s: float = 60.0) -> None:
             last = repr(exc)
         time.sleep(0.3)
     raise AssertionError(f"{url} not answering 200 after {timeout_s:.0f} s: {last}")
+
+
+@dataclass
+class ServeAppRun:
+    """A `serve-app run CONFIG` child process on free ports, its output in a file."""
+
+    proc: subprocess.Popen[str]
+    url: str
+    port: int
+    env: dict[str, str]
+    log: IO[str]
+
+    def stop(self) -> str:
+        """Kill it if it still runs; its whole output."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.seek(0)
+        return self.log.read()
+
+
+def start_serve_app_run(
+    doc: dict[str, Any], tmp_path: Path, drop_env: tuple[str, ...] = ()
+) -> ServeAppRun:
+    """Start `python -m serve_app run` with the config ``doc`` on a free HTTP port, free HAProxy
+    side ports and a free metrics port (not the pinned default another server may hold), from
+    the repository root, without the test doubles' variables."""
+    from serve_app.ops.launch import METRICS_PORT_VAR
+    from serve_app.ops.ports import free_port, haproxy_side_ports
+
+    port = free_port()
+    doc["http_options"]["port"] = port
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(doc))
+    env = {k: v for k, v in os.environ.items() if k not in ("SERVE_APP_FAKE_NVML", *drop_env)}
+    env.update(haproxy_side_ports())
+    env[METRICS_PORT_VAR] = str(free_port())
+    log = (tmp_path / "run.log").open("w+")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "serve_app", "run", str(config)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=ROOT,
+        text=True,
+    )
+    return ServeAppRun(proc, f"http://127.0.0.1:{port}", port, env, log)

@@ -16,8 +16,7 @@ import yaml
 from serve_app.env import haproxy_config_path
 from serve_app.ops import listeners
 from serve_app.ops.launch import METRICS_PORT_VAR
-from serve_app.ops.ports import free_port, haproxy_side_ports
-from tests.helpers import wait_http
+from tests.helpers import start_serve_app_run, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,37 +112,22 @@ def check_listeners_and_job_api(root_pid: int, http_port: int, side_ports: set[i
 
 
 def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
-    doc = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())
-    port = free_port()
-    doc["http_options"]["port"] = port
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump(doc))
-    env = dict(os.environ)
-    env.pop("SERVE_APP_FAKE_NVML", None)
-    side_ports = haproxy_side_ports()
-    env.update(side_ports)
-    env[METRICS_PORT_VAR] = str(free_port())  # not the pinned default another server may hold
     haproxy_root = Path(haproxy_config_path()).parent
     dirs_before = set(haproxy_root.iterdir()) if haproxy_root.is_dir() else set()
-    log = (tmp_path / "run.log").open("w+")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "serve_app", "run", str(config)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=ROOT,
+    run = start_serve_app_run(
+        yaml.safe_load((ROOT / "configs" / "default.yaml").read_text()), tmp_path
     )
-    url = f"http://127.0.0.1:{port}"
+    proc, url, port, env = run.proc, run.url, run.port, run.env
     try:
         wait_http(f"{url}/readyz", 240.0)
         deadline = time.monotonic() + 60.0  # the CLI prints the URL once its own check passes
-        while f"serving at {url}" not in Path(log.name).read_text():
+        while f"serving at {url}" not in Path(run.log.name).read_text():
             assert time.monotonic() < deadline and proc.poll() is None, "no 'serving at' line"
             time.sleep(0.2)
         resp = httpx.post(f"{url}/v1/embeddings", json={"input": "hello"}, timeout=30.0)
         assert resp.status_code == 200 and len(resp.json()["data"][0]["embedding"]) == 384
         haproxy_pages = {  # the stats page and Prometheus endpoint (the others are Serve's)
-            int(side_ports[name])
+            int(env[name])
             for name in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
         }
         grpc_ports = check_listeners_and_job_api(proc.pid, port, haproxy_pages)
@@ -153,11 +137,7 @@ def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
         assert code == 0, f"exit code {code}"
         assert time.monotonic() - started < 30.0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.seek(0)
-        output = log.read()
+        output = run.stop()
     assert "No CUDA GPU found: serving on the CPU." in output, output[-3000:]
     assert "Ray: token authentication on (RAY_AUTH_MODE=token)" in output
     assert "the RAY_AUTH_TOKEN variable" in output

@@ -5,10 +5,7 @@ document (every check, fewer examples than test_schemathesis.py's), then SIGINT 
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,8 +14,7 @@ import torch
 import yaml
 
 from examples.custom_model.model import MAX_CHARS, ByteScorer
-from serve_app.ops.ports import free_port, haproxy_side_ports
-from tests.helpers import wait_http
+from tests.helpers import start_serve_app_run, wait_http
 from tests.integration.test_schemathesis import schemathesis
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,26 +34,10 @@ def expected(texts: list[str]) -> list[float]:
 
 def test_serve_app_run_serves_the_example_user_model(tmp_path: Path) -> None:
     doc = yaml.safe_load(CONFIG.read_text())
-    port = free_port()
-    doc["http_options"]["port"] = port
-    config = tmp_path / "config.yaml"
-    config.write_text(yaml.safe_dump(doc))
-    env = dict(os.environ)
-    env.pop("SERVE_APP_FAKE_NVML", None)
-    env.pop("PYTHONPATH", None)  # the example imports because the run starts at the root
-    env.update(haproxy_side_ports())
-    # Not the session cluster's metrics port (this process's environment), nor the default.
-    env["SERVE_APP_METRICS_PORT"] = str(free_port())
-    log = (tmp_path / "run.log").open("w+")
     t0 = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "serve_app", "run", str(config)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=ROOT,
-    )
-    url = f"http://127.0.0.1:{port}"
+    # Without PYTHONPATH: the example imports because the run starts at the root.
+    run = start_serve_app_run(doc, tmp_path, drop_env=("PYTHONPATH",))
+    proc, url = run.proc, run.url
     try:
         wait_http(f"{url}/readyz", 240.0)
         ready_s = time.monotonic() - t0
@@ -103,10 +83,6 @@ def test_serve_app_run_serves_the_example_user_model(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.seek(0)
-        output = log.read()
+        output = run.stop()
     assert "serving at" in output, output[-3000:]
     print(f"serve-app run of the example: ready in {ready_s:.1f} s")
