@@ -226,7 +226,9 @@ def extra_env(a: argparse.Namespace) -> dict[str, str]:
         return {}
     from load_tests.reliability import tracemem
 
-    return tracemem.replica_env(a.tracemalloc_dir, a.tracemalloc_start_s, a.tracemalloc_every_s)
+    return tracemem.replica_env(
+        a.tracemalloc_dir, a.tracemalloc_start_s, a.tracemalloc_every_s, a.tracemalloc_frames
+    )
 
 
 def _sigterm(signum: int, frame: object) -> None:
@@ -267,6 +269,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tracemalloc-start-s", type=float, default=120.0)
     p.add_argument("--tracemalloc-every-s", type=float, default=300.0)
+    p.add_argument("--tracemalloc-frames", type=int, default=12, help="0: malloc stats only")
     return p
 
 

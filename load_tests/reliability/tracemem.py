@@ -19,6 +19,7 @@ tracemalloc.Snapshot.dump), never client data.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -31,13 +32,29 @@ from typing import Any
 DIR_VAR = "SOAK_TRACEMALLOC_DIR"
 START_VAR = "SOAK_TRACEMALLOC_START_S"
 EVERY_VAR = "SOAK_TRACEMALLOC_EVERY_S"
+FRAMES_VAR = "SOAK_TRACEMALLOC_FRAMES"  # 0: no tracemalloc, only the RSS and malloc lines
 FRAMES = 12
+TRIM_VAR = "SOAK_MALLOC_TRIM_EVERY_S"  # > 0: malloc_trim(0) that often, RSS before and after
+MALLINFO2_FIELDS = (
+    "arena",
+    "ordblks",
+    "smblks",
+    "hblks",
+    "hblkhd",
+    "usmblks",
+    "fsmblks",
+    "uordblks",
+    "fordblks",
+    "keepcost",
+)
 SITE_DIR = Path(__file__).parent / "tracemalloc_site"
 OURS = f"{os.sep}serve_app{os.sep}"
 MIB = 1 << 20
 
 
-def replica_env(out_dir: Path, start_s: float, every_s: float) -> dict[str, str]:
+def replica_env(
+    out_dir: Path, start_s: float, every_s: float, frames: int = FRAMES
+) -> dict[str, str]:
     """The env_vars that switch tracing on in a replica (PYTHONPATH keeps the driver's)."""
     path = [str(SITE_DIR), os.environ.get("PYTHONPATH", "")]
     return {
@@ -45,6 +62,8 @@ def replica_env(out_dir: Path, start_s: float, every_s: float) -> dict[str, str]
         DIR_VAR: str(out_dir.resolve()),
         START_VAR: str(start_s),
         EVERY_VAR: str(every_s),
+        FRAMES_VAR: str(frames),
+        **{k: v for k, v in os.environ.items() if k == TRIM_VAR},
     }
 
 
@@ -54,16 +73,42 @@ def _rss_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-def _trace(out_dir: Path, start_s: float, every_s: float) -> None:
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in MALLINFO2_FIELDS]
+
+
+def mallinfo() -> dict[str, int]:
+    """glibc's mallinfo2 over all arenas: ``uordblks`` in use, ``fordblks`` free but kept,
+    ``hblkhd`` in mmapped chunks, ``arena`` from sbrk and arenas ({} without glibc 2.33+)."""
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return {}
+    fn.restype = _MallInfo2
+    info = fn()
+    return {
+        f"malloc_{k}": int(getattr(info, k)) for k in ("arena", "hblkhd", "uordblks", "fordblks")
+    }
+
+
+def _trace(out_dir: Path, start_s: float, every_s: float, frames: int) -> None:
     time.sleep(start_s)
-    tracemalloc.start(FRAMES)
-    t0, pid = time.monotonic(), os.getpid()
+    if frames > 0:
+        tracemalloc.start(frames)
+    t0, pid, trims = time.monotonic(), os.getpid(), 0
+    trim_every = float(os.environ.get(TRIM_VAR, "0"))
     while True:
         t_s = round(time.monotonic() - t0)
-        snap = tracemalloc.take_snapshot()
-        snap.dump(str(out_dir / f"{pid}-{t_s:06d}.snap"))
-        traced, _ = tracemalloc.get_traced_memory()
-        line = {"t_s": t_s, "rss_bytes": _rss_bytes(), "traced_bytes": traced}
+        traced = 0
+        if frames > 0:
+            snap = tracemalloc.take_snapshot()
+            snap.dump(str(out_dir / f"{pid}-{t_s:06d}.snap"))
+            traced, _ = tracemalloc.get_traced_memory()
+        line = {"t_s": t_s, "rss_bytes": _rss_bytes(), "traced_bytes": traced, **mallinfo()}
+        if trim_every > 0 and t_s >= trim_every * (trims + 1):  # what malloc_trim gives back
+            trims += 1
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+            line["rss_after_trim_bytes"] = _rss_bytes()
         with open(out_dir / f"{pid}.jsonl", "a") as f:
             f.write(json.dumps(line) + "\n")
         time.sleep(every_s)
@@ -78,8 +123,12 @@ def start_from_env() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     start_s = float(os.environ.get(START_VAR, "120"))
     every_s = float(os.environ.get(EVERY_VAR, "300"))
+    frames = int(os.environ.get(FRAMES_VAR, str(FRAMES)))
     threading.Thread(
-        target=_trace, args=(out_dir, start_s, every_s), name="soak-tracemalloc", daemon=True
+        target=_trace,
+        args=(out_dir, start_s, every_s, frames),
+        name="soak-tracemalloc",
+        daemon=True,
     ).start()
 
 
