@@ -6,8 +6,10 @@ import ctypes
 import ctypes.util
 
 import psutil
+import torch
 
 from serve_app.gpu.hostheap import HostHeap
+from serve_app.gpu.partition import Partition
 
 MIB = 1 << 20
 
@@ -53,3 +55,12 @@ def test_a_trim_returns_free_memory_held_inside_the_heap() -> None:
         for b in kept:
             libc.free(b)
     assert released > 32 * MIB, f"released {released / MIB:.1f} MiB of ~57 MiB free"
+
+
+def test_a_cpu_partition_trims_after_a_batch_when_due() -> None:
+    part = Partition(device=torch.device("cpu"), num_gpus=0.0, heap=HostHeap(every_s=3600.0))
+    assert part.after_batch() is False  # no torch cache on a CPU; the heap not due yet
+    assert part.heap.trims == 0
+    part.heap.every_s = 0.0
+    part.after_batch()
+    assert part.heap.trims == 1
