@@ -222,11 +222,13 @@ def print_verdict(v: dict[str, Any]) -> None:
 
 
 def extra_env(a: argparse.Namespace) -> dict[str, str]:
+    """The replicas' env_vars beyond the suite's: --replica-env, then tracemalloc's."""
+    out = dict(kv.split("=", 1) for kv in a.replica_env)
     if a.tracemalloc_dir is None:
-        return {}
+        return out
     from load_tests.reliability import tracemem
 
-    return tracemem.replica_env(
+    return out | tracemem.replica_env(
         a.tracemalloc_dir, a.tracemalloc_start_s, a.tracemalloc_every_s, a.tracemalloc_frames
     )
 
@@ -261,16 +263,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--flat-bytes", type=int, default=FLAT_BYTES, help="100 MB = 100_000_000")
     p.add_argument("--slope-target-mib-per-h", type=float, default=SLOPE_TARGET_MIB_PER_H)
     p.add_argument("--no-plot", action="store_true", help="no PNG beside the JSON")
-    p.add_argument(
-        "--tracemalloc-dir",
-        type=Path,
-        default=None,
-        help="tracemalloc snapshots of each replica there (load_tests.reliability.tracemem)",
-    )
+    tm_help = "tracemalloc snapshots of each replica there (load_tests.reliability.tracemem)"
+    p.add_argument("--tracemalloc-dir", type=Path, default=None, help=tm_help)
     p.add_argument("--tracemalloc-start-s", type=float, default=120.0)
     p.add_argument("--tracemalloc-every-s", type=float, default=300.0)
     p.add_argument("--tracemalloc-frames", type=int, default=12, help="0: malloc stats only")
+    env_help = "an env var for the replicas (e.g. MALLOC_ARENA_MAX=2); repeatable"
+    p.add_argument("--replica-env", action="append", default=[], type=_key_value, help=env_help)
     return p
+
+
+def _key_value(text: str) -> str:
+    if "=" not in text or not text.split("=", 1)[0]:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE")
+    return text
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -331,9 +337,9 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _sigterm)
     try:
-        if a.tracemalloc_dir is None:
+        if not extra_env(a):
             target = start_suite_cluster(a.device, a.replicas, gpus, 240.0)
-        else:  # the suite's cluster, with tracemalloc's env_vars in the replicas
+        else:  # the suite's cluster, with more env_vars in the replicas
             opts = actor_options(a.device)
             opts["runtime_env"]["env_vars"].update(extra_env(a))
             n_cpus = max(8, a.replicas * 2)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from load_tests.reliability import soak
 
 MIB = 1 << 20
@@ -62,3 +64,11 @@ def test_flat_mode_keeps_its_defaults() -> None:
     assert (a.mode, a.duration_s, a.warmup_s) == ("flat", 1800.0, 180.0)
     assert soak.parse_args(["--duration-s", "120"]).warmup_s == 30.0
     assert soak.extra_env(a) == {}
+
+
+def test_replica_env_adds_env_vars_and_refuses_a_bare_word(capsys) -> None:
+    a = soak.parse_args(["--replica-env", "MALLOC_ARENA_MAX=2", "--replica-env", "X=a=b"])
+    assert soak.extra_env(a) == {"MALLOC_ARENA_MAX": "2", "X": "a=b"}
+    with pytest.raises(SystemExit):
+        soak.parse_args(["--replica-env", "MALLOC_ARENA_MAX"])
+    assert "expected KEY=VALUE" in capsys.readouterr().err
