@@ -137,7 +137,12 @@ def r_cpu_faults(ctx: Ctx) -> str:
     return table(header, body)
 
 
-SOAK_FILES = ("reliability/soak_cpu_120s.json", "reliability/soak_cpu_600s.json")
+SOAK_FILES = (
+    "reliability/soak_cpu_120s.json",
+    "reliability/soak_cpu_600s.json",
+    "reliability/soak_cpu_slope_1800s.json",
+)
+MIB_PER_H = 60 / (1 << 20)  # bytes per minute to MiB per hour
 
 
 def r_soak_cpu(ctx: Ctx) -> str:
@@ -150,18 +155,20 @@ def r_soak_cpu(ctx: Ctx) -> str:
             [
                 ctx.link(rel),
                 f"`{str(d['commit'])[:7]}`",
-                f"{d['cli']['duration_s']:g} s",
+                f"{d['cli']['duration_s']:g} s ({v['warmup_s']:g} s)",
                 f"{d['rate_rps']:g} ({d['peak_rps']:g})",
                 f"{t['sent']:,}",
                 str(t["lost"]),
                 str(t["failed"]),
                 fmt_range((r["rss_spread_bytes"] / MB for r in reps), 1, " MB"),
-                fmt_range((r["rss_slope_bytes_per_min"] / MB for r in reps), 1, " MB/min"),
+                fmt_range((r["rss_slope_bytes_per_min"] * MIB_PER_H for r in reps), 1, " MiB/h"),
                 "yes" if v["flat"] else "no",
+                "yes" if all(r["rss_slope_bytes_per_min"] * MIB_PER_H <= 5 for r in reps) else "no",
             ]
         )
-    header = ["file", "commit", "duration", "req/s offered (peak)", "sent", "lost", "failed"]
-    header += ["RSS spread per replica after warm-up", "RSS slope", "flat"]
+    header = ["file", "commit", "duration (warm-up)", "req/s offered (peak)", "sent", "lost"]
+    header += ["failed", "RSS spread per replica after warm-up", "RSS slope per replica", "flat"]
+    header += ["slope under 5 MiB/h"]
     return table(header, body)
 
 

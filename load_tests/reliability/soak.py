@@ -36,13 +36,12 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from load_tests.harness.cluster import reliability_env
+from load_tests.harness.cluster import reliability_env, start_cluster
 from load_tests.harness.load import Outcome, capacity, open_loop, pct
 from load_tests.harness.load import tally as tally_outcomes
 from load_tests.harness.meta import PROVENANCE_HELP, run_meta
@@ -54,95 +53,20 @@ from load_tests.reliability.gpu_faults import (
     load_shape,
     start_suite_cluster,
 )
+from load_tests.reliability.slope import (
+    FLAT_BYTES,
+    JUDGED,
+    METRICS,
+    SLOPE_TARGET_MIB_PER_H,
+    Sample,
+    default_warmup_s,
+    verdict,
+)
 
-FLAT_BYTES = 100_000_000  # the issue's "100 MB", decimal
-JUDGED = ("rss", "nvml")  # what `flat` is about; reserved is reported beside them
-METRICS = ("rss", "nvml", "reserved")
 NVML_INTERVAL_S = 0.5
 MB = 1_000_000
-
-Sample = dict[str, Any]  # {"t_s", "pid", "rss_bytes", "nvml_bytes", "reserved_bytes"}
-
-
-# ---- the verdict (pure) --------------------------------------------------------------------
-
-
-def default_warmup_s(duration_s: float) -> float:
-    return max(30.0, 0.1 * duration_s)
-
-
-def after_warmup(rows: Iterable[Sample], warmup_s: float) -> dict[int, list[Sample]]:
-    """Each replica's rows (by pid, in time order) from ``warmup_s`` after its first row."""
-    by_pid: dict[int, list[Sample]] = {}
-    for r in sorted(rows, key=lambda r: r["t_s"]):
-        by_pid.setdefault(int(r["pid"]), []).append(r)
-    return {
-        pid: [r for r in rs if r["t_s"] >= rs[0]["t_s"] + warmup_s] for pid, rs in by_pid.items()
-    }
-
-
-def slope_per_min(points: list[tuple[float, int]]) -> float | None:
-    """Least-squares slope of (seconds, bytes) points, in bytes per minute."""
-    if len(points) < 2:
-        return None
-    t_mean = sum(t for t, _ in points) / len(points)
-    y_mean = sum(y for _, y in points) / len(points)
-    den = sum((t - t_mean) ** 2 for t, _ in points)
-    if den == 0:
-        return None
-    return 60.0 * sum((t - t_mean) * (y - y_mean) for t, y in points) / den
-
-
-def metric_stats(rows: list[Sample], metric: str) -> dict[str, int | None]:
-    """``{metric}_min/max/spread_bytes`` and ``{metric}_slope_bytes_per_min`` over the rows
-    that have it (spread and slope need two)."""
-    points = [
-        (r["t_s"], int(r[f"{metric}_bytes"])) for r in rows if r.get(f"{metric}_bytes") is not None
-    ]
-    values = [y for _, y in points]
-    slope = slope_per_min(points)
-    return {
-        f"{metric}_min_bytes": min(values, default=None),
-        f"{metric}_max_bytes": max(values, default=None),
-        f"{metric}_spread_bytes": max(values) - min(values) if len(values) >= 2 else None,
-        f"{metric}_slope_bytes_per_min": None if slope is None else round(slope),
-    }
-
-
-def replacements(rows: list[Sample]) -> dict[str, Any]:
-    """Replicas (pids) that appeared after the first row or were gone before the last one."""
-    spans = {pid: (rs[0]["t_s"], rs[-1]["t_s"]) for pid, rs in after_warmup(rows, 0.0).items()}
-    first_t = min((lo for lo, _ in spans.values()), default=0.0)
-    last_t = max((hi for _, hi in spans.values()), default=0.0)
-    appeared = [{"pid": p, "first_t_s": lo} for p, (lo, _) in sorted(spans.items()) if lo > first_t]
-    gone = [{"pid": p, "last_t_s": hi} for p, (_, hi) in sorted(spans.items()) if hi < last_t]
-    return {"replaced": bool(appeared or gone), "appeared": appeared, "gone": gone}
-
-
-def verdict(rows: list[Sample], warmup_s: float, flat_bytes: int = FLAT_BYTES) -> dict[str, Any]:
-    """Per replica, spreads and slopes after its warm-up; ``flat`` when every judged spread is
-    within ``flat_bytes`` (None: nothing to judge)."""
-    replicas = []
-    for pid, rs in sorted(after_warmup(rows, warmup_s).items()):
-        entry: dict[str, Any] = {"pid": pid, "samples_judged": len(rs)}
-        for metric in METRICS:
-            entry.update(metric_stats(rs, metric))
-        replicas.append(entry)
-    spreads = [
-        e[f"{m}_spread_bytes"]
-        for e in replicas
-        for m in JUDGED
-        if e[f"{m}_spread_bytes"] is not None
-    ]
-    return {
-        "warmup_s": warmup_s,
-        "flat_bytes": flat_bytes,
-        "flat": all(s <= flat_bytes for s in spreads) if spreads else None,
-        "max_spread_bytes": max(spreads, default=None),
-        "not_judged_pids": [e["pid"] for e in replicas if e["samples_judged"] < 2],
-        **replacements(rows),
-        "replicas": replicas,
-    }
+HOUR_S = 3600.0
+SLOPE_WARMUP_S = 600.0  # --mode slope: Ray's and the replica's start-up growth is over by then
 
 
 def chunk_stats(
@@ -275,20 +199,38 @@ def plot(path: Path, rows: list[Sample], warmup_s: float) -> bool:
 
 def print_verdict(v: dict[str, Any]) -> None:
     for e in v["replicas"]:
-        parts = [f"pid {e['pid']} ({e['samples_judged']} samples)"]
+        parts = [f"pid {e['pid']} ({e['samples_judged']} samples, {e.get('judged_s', 0)} s)"]
         for m in METRICS:
-            spread, slope = e[f"{m}_spread_bytes"], e[f"{m}_slope_bytes_per_min"]
+            spread, slope = e[f"{m}_spread_bytes"], e[f"{m}_slope_mib_per_h"]
             if spread is not None:
-                parts.append(f"{m} spread {spread / MB:.1f} MB slope {slope / MB:+.2f} MB/min")
+                err = e[f"{m}_slope_stderr_mib_per_h"]
+                pm = "" if err is None else f" +- {err:.2f}"
+                parts.append(f"{m} spread {spread / MB:.1f} MB slope {slope:+.2f}{pm} MiB/h")
         print("  " + ", ".join(parts))
     if v["replaced"]:
         print(f"  replicas replaced: appeared {v['appeared']}, gone {v['gone']}")
     print(
         f"flat (every spread <= {v['flat_bytes'] / MB:g} MB after {v['warmup_s']:g} s): {v['flat']}"
     )
+    print(
+        f"slope_ok (every slope <= {v['slope_target_mib_per_h']:g} MiB/h per replica): "
+        f"{v['slope_ok']} (max {v['max_slope_mib_per_h']})"
+    )
 
 
 # ---- the command ---------------------------------------------------------------------------
+
+
+def extra_env(a: argparse.Namespace) -> dict[str, str]:
+    """The replicas' env_vars beyond the suite's: --replica-env, then tracemalloc's."""
+    out = dict(kv.split("=", 1) for kv in a.replica_env)
+    if a.tracemalloc_dir is None:
+        return out
+    from load_tests.reliability import tracemem
+
+    return out | tracemem.replica_env(
+        a.tracemalloc_dir, a.tracemalloc_start_s, a.tracemalloc_every_s, a.tracemalloc_frames
+    )
 
 
 def _sigterm(signum: int, frame: object) -> None:
@@ -298,12 +240,19 @@ def _sigterm(signum: int, frame: object) -> None:
 PROG = "python -m load_tests.reliability.soak"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG, description=__doc__.split("\n")[0], epilog=PROVENANCE_HELP
     )
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--duration-s", type=float, default=1800.0, help="the soak's wall clock")
+    p.add_argument(
+        "--mode",
+        choices=("flat", "slope"),
+        default="flat",
+        help="flat: judge spreads (default 1800 s); slope: judge slopes against "
+        "--slope-target-mib-per-h (default 3600 s, warm-up 600 s)",
+    )
+    p.add_argument("--duration-s", type=float, default=None, help="the soak's wall clock")
     p.add_argument("--out", type=Path, default=Path("soak.json"))
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--load-fraction", type=float, default=0.5, help="of the measured peak")
@@ -312,14 +261,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample-s", type=float, default=5.0)
     p.add_argument("--warmup-s", type=float, default=None, help="default 10%% of it, >= 30 s")
     p.add_argument("--flat-bytes", type=int, default=FLAT_BYTES, help="100 MB = 100_000_000")
+    p.add_argument("--slope-target-mib-per-h", type=float, default=SLOPE_TARGET_MIB_PER_H)
     p.add_argument("--no-plot", action="store_true", help="no PNG beside the JSON")
-    a = p.parse_args(argv)
-    warmup_s = a.warmup_s if a.warmup_s is not None else default_warmup_s(a.duration_s)
+    tm_help = "tracemalloc snapshots of each replica there (load_tests.reliability.tracemem)"
+    p.add_argument("--tracemalloc-dir", type=Path, default=None, help=tm_help)
+    p.add_argument("--tracemalloc-start-s", type=float, default=120.0)
+    p.add_argument("--tracemalloc-every-s", type=float, default=300.0)
+    p.add_argument("--tracemalloc-frames", type=int, default=12, help="0: malloc stats only")
+    env_help = "an env var for the replicas (e.g. MALLOC_ARENA_MAX=2); repeatable"
+    p.add_argument("--replica-env", action="append", default=[], type=_key_value, help=env_help)
+    return p
+
+
+def _key_value(text: str) -> str:
+    if "=" not in text or not text.split("=", 1)[0]:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE")
+    return text
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, with --mode's defaults filled in (duration, warm-up)."""
+    a = parser().parse_args(argv)
+    if a.duration_s is None:
+        a.duration_s = HOUR_S if a.mode == "slope" else 1800.0
+    if a.warmup_s is None:
+        a.warmup_s = SLOPE_WARMUP_S if a.mode == "slope" else default_warmup_s(a.duration_s)
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    warmup_s = a.warmup_s
     from serve_app.ops import launch
 
     gpus = launch.gpu_count() if a.device == "cuda" else 0
     if a.device == "cuda" and gpus == 0:
-        p.error("--device cuda, but this machine has no CUDA GPU (use --device cpu)")
+        parser().error("--device cuda, but this machine has no CUDA GPU (use --device cpu)")
     body, processes, clients = load_shape(a.device)
     meta: dict[str, Any] = {
         **run_meta(PROG, argv),
@@ -351,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             "complete": complete,
             "took_s": round(time.monotonic() - t0, 1),
             "totals": totals,
-            "verdict": verdict(rows, warmup_s, a.flat_bytes),
+            "verdict": verdict(rows, warmup_s, a.flat_bytes, a.slope_target_mib_per_h),
             "chunks": chunks,
             "replica_ids": {str(pid): rid for pid, rid in pids.items()},
             "sampler_notes": sampler.notes[:50] if sampler else [],
@@ -360,7 +337,13 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _sigterm)
     try:
-        target = start_suite_cluster(a.device, a.replicas, gpus, 240.0)
+        if not extra_env(a):
+            target = start_suite_cluster(a.device, a.replicas, gpus, 240.0)
+        else:  # the suite's cluster, with more env_vars in the replicas
+            opts = actor_options(a.device)
+            opts["runtime_env"]["env_vars"].update(extra_env(a))
+            n_cpus = max(8, a.replicas * 2)
+            target = start_cluster(a.replicas, app_args(a.device), opts, gpus, n_cpus, 240.0)
         meta["startup_s"] = round(time.monotonic() - t0, 1)
         meta["reliability_env"] = reliability_env()
         memory_url = f"{target.base}/v1/memory"
@@ -411,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"budget violations: {violations} in {m['nvml_samples_judged']} NVML samples")
     print_verdict(v)
     print(f"wrote {a.out} in {round(time.monotonic() - t0, 1)} s")
-    return 0 if v["flat"] and totals["lost"] == 0 and not violations else 1
+    judged = v["slope_ok"] if a.mode == "slope" else v["flat"]
+    return 0 if judged and totals["lost"] == 0 and not violations else 1
 
 
 if __name__ == "__main__":

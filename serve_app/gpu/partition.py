@@ -22,6 +22,7 @@ import torch
 
 from serve_app.gpu import mps
 from serve_app.gpu.budget import CachePolicy, MemoryBudget, format_bytes, should_free_cache
+from serve_app.gpu.hostheap import HostHeap
 from serve_app.gpu.snapshot import DeviceMemory
 
 logger = logging.getLogger("serve_app")
@@ -96,6 +97,7 @@ class Partition:
     # Held free for that growth once refit has run (NON_TORCH_RESERVE_BYTES; 0 before).
     non_torch_reserve_bytes: int = 0
     memory: DeviceMemory = field(init=False, repr=False)
+    heap: HostHeap = field(default_factory=HostHeap, repr=False)  # the host heap's trims
     _refit_at_s: float = field(default_factory=time.perf_counter, repr=False)  # last reading
 
     def __post_init__(self) -> None:
@@ -190,7 +192,9 @@ class Partition:
         return None if outside is None else outside + self.held_margin_bytes
 
     def after_batch(self) -> bool:
-        """Refit when due, then give cached memory back by policy; True when it freed."""
+        """Trim the host heap when due (CPU and GPU alike), refit when due, then give cached
+        memory back by policy; True when it freed torch's cache."""
+        self.heap.after_batch()
         if not self.on_gpu or self.budget is None:
             return False
         reserved, allocated = self.memory.reserved_and_allocated_bytes()
