@@ -22,6 +22,7 @@ from load_tests.benchmarks.planproof.proof import (
     naive_config,
     verdict,
 )
+from load_tests.benchmarks.stack.cli import replicas_summary
 from load_tests.benchmarks.stack.plan import (
     KNOWN_ROUTES,
     Family,
@@ -153,7 +154,7 @@ def deploy_phase(name: str, doc: dict[str, Any], first: bool, cfg: Mapping[str, 
 
     from load_tests.harness.nvml import nvml_process_pids
 
-    pids = {int(r["pid"]) for r in _replicas(_base(doc)) if r.get("pid") is not None}
+    pids = {int(r["pid"]) for r in replicas_summary(_base(doc)) if r.get("pid") is not None}
     for app in list(serve.status().applications):
         serve.delete(app, _blocking=True)
     deadline = time.monotonic() + 60.0
@@ -162,6 +163,12 @@ def deploy_phase(name: str, doc: dict[str, Any], first: bool, cfg: Mapping[str, 
         if seen is None or not (seen & pids):
             break
         time.sleep(0.5)
+    from serve_app.config.deploy import check_deploy_config
+    from serve_app.errors import ConfigError
+
+    errors = check_deploy_config(doc, gpus=max(1, launch.gpu_count()))  # as launch.run checks
+    if errors:
+        raise ConfigError(f"the {name} config:\n  " + "\n  ".join(errors))
     if launch.gpu_count() == 0:
         doc, _ = launch.cpu_fallback(doc)
     launch.deploy(doc)
@@ -172,15 +179,6 @@ def deploy_phase(name: str, doc: dict[str, Any], first: bool, cfg: Mapping[str, 
 def _base(doc: Mapping[str, Any]) -> str:
     opts = doc.get("http_options") or {}
     return f"http://{opts.get('host', '127.0.0.1')}:{opts['port']}"
-
-
-def _replicas(base: str) -> list[dict[str, Any]]:
-    from load_tests.harness.cluster import server_memory
-
-    try:
-        return server_memory(base)
-    except Exception:  # noqa: BLE001 - nothing deployed yet, or unreadable: no pids to wait on
-        return []
 
 
 def load_phase(
@@ -196,7 +194,7 @@ def load_phase(
     """Every route at once at its planned rate for warmup_s + duration_s, NVML watched; the
     rows by model, the watch and the replicas."""
     from load_tests.bench import PreparedRequest
-    from load_tests.harness.cluster import server_memory, wait_answer
+    from load_tests.harness.cluster import wait_answer
 
     for f in fams:  # a first answer on each route (HAProxy reloads after a deploy)
         r = reqs[f.application]
@@ -266,7 +264,7 @@ def load_phase(
         "base_url": base,
         "models": rows,
         "budget_watch": budget,
-        "replicas": server_memory(base),
+        "replicas": replicas_summary(base),
     }
 
 
