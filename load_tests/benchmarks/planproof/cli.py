@@ -254,7 +254,7 @@ def load_phase(
     ]
     for row in rows:
         log(
-            f"planproof: {name}: {row['application']}: offered {row['offered_rps']:.1f}, "
+            f"planproof: {name}: {row['application']}: offered {row['offered_rps'] or 0:.1f}, "
             f"answered {row['answered_rps'] or 0:.1f} req/s (predicted "
             f"{row['predicted_rps']:.1f}), p99 {row['p99_ms'] or 0:.1f} ms (target "
             f"{row['p99_target_ms']:g}), errors {row['errors']}, goodput "
