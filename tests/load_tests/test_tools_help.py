@@ -16,6 +16,7 @@ TOOLS = {
     "load_tests.benchmarks.startup": "load_tests.benchmarks.startup.cli",
     "load_tests.benchmarks.multigpu": "load_tests.benchmarks.multigpu.cli",
     "load_tests.benchmarks.stack": "load_tests.benchmarks.stack.cli",
+    "load_tests.benchmarks.planproof": "load_tests.benchmarks.planproof.cli",
 }
 
 

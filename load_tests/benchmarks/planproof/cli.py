@@ -1,0 +1,365 @@
+"""The phases of the proof (see the package's docstring): plan, deploy the plan, load every
+route at once at its planned rate, then the naive config under the same loads, the NVML watch
+throughout each, the verdict, the JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from load_tests.benchmarks.planproof.proof import (
+    goodput_per_s,
+    keep_applications,
+    model_row,
+    naive_config,
+    verdict,
+)
+from load_tests.benchmarks.stack.cli import replicas_summary
+from load_tests.benchmarks.stack.plan import (
+    KNOWN_ROUTES,
+    Family,
+    Request,
+    families,
+    quick_config,
+    request_for,
+    with_port,
+)
+from load_tests.harness.meta import PROVENANCE_HELP, ROOT, run_meta
+from load_tests.harness.nvml import BudgetWatch, nvml_devices
+from load_tests.harness.run import error_doc, log, write_json
+
+PROG = "python -m load_tests.benchmarks.planproof"
+DEFAULT_CONFIG = ROOT / "configs" / "rag-stack.yaml"
+DEFAULT_MEASUREMENTS = ROOT / "examples" / "planning" / "rag-stack-measurements.json"
+QUICK_MEASUREMENTS = Path(__file__).resolve().parent / "cpu-measurements.json"
+RESULT = "planproof.json"
+RATE_PER_CLIENT_PROC = 1000.0  # req/s one open-loop process is given (it sends a few thousand)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Issue 27's proof: plan CONFIG from the measurements (serve_app.plan), "
+        "deploy the plan, offer each model its planned rate (open loop, Poisson, all routes at "
+        "once), then the naive config (equal shares) under the same loads; NVML's per-process "
+        "bytes judged against each replica's budget throughout. Writes OUT/planproof.json.",
+        epilog=PROVENANCE_HELP,
+    )
+    p.add_argument("--out", required=True, type=Path, help="folder for planproof.json, plans")
+    p.add_argument("--config", type=Path, default=None, help="default configs/rag-stack.yaml")
+    p.add_argument(
+        "--measurements",
+        type=Path,
+        default=None,
+        help="default examples/planning/rag-stack-measurements.json (--quick: the CPU file "
+        "beside this module)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a CPU dry run in about a minute: the config rewritten for the CPU, the models of "
+        "the CPU measurements file, short loads (checks the tool, proves nothing)",
+    )
+    p.add_argument("--duration-s", type=float, default=None, help="each load (default 30)")
+    p.add_argument("--warmup-s", type=float, default=None, help="before each window (5)")
+    p.add_argument("--items-per-request", type=int, default=None, help="texts a request (16)")
+    p.add_argument("--client-cores", default="", help="the open-loop client's cores, e.g. 12-15")
+    p.add_argument("--ready-timeout-s", type=float, default=300.0)
+    return p
+
+
+def _cores(text: str) -> list[int]:
+    out: list[int] = []
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def settings(a: argparse.Namespace) -> dict[str, Any]:
+    quick = bool(a.quick)
+    pick = lambda v, full, small: v if v is not None else (small if quick else full)  # noqa: E731
+    cores = _cores(a.client_cores) or sorted(os.sched_getaffinity(0))
+    return {
+        "quick": quick,
+        "config": str(a.config or DEFAULT_CONFIG),
+        "measurements": str(
+            a.measurements or (QUICK_MEASUREMENTS if quick else DEFAULT_MEASUREMENTS)
+        ),
+        "duration_s": pick(a.duration_s, 30.0, 3.0),
+        "warmup_s": pick(a.warmup_s, 5.0, 1.0),
+        # The example measurements' MiniLM throughput is at 16 short texts a request.
+        "items_per_request": pick(a.items_per_request, 16, 4),
+        "image_size": 64 if quick else 224,
+        "client_cores": cores,
+        "request_timeout_s": 10.0,
+        "ready_timeout_s": a.ready_timeout_s,
+        "rate_per_client_proc": RATE_PER_CLIENT_PROC,
+    }
+
+
+def client_cores_for(rates: Mapping[str, float], cores: Sequence[int]) -> dict[str, list[int]]:
+    """Each model's open-loop processes (one per RATE_PER_CLIENT_PROC req/s, at least one),
+    as the cores they are pinned to, dealt round-robin over ``cores``."""
+    out, k = {}, 0
+    for name, rate in rates.items():
+        n = max(1, math.ceil(rate / RATE_PER_CLIENT_PROC))
+        out[name] = [cores[(k + i) % len(cores)] for i in range(n)]
+        k += n
+    return out
+
+
+def plan_config(cfg: Mapping[str, Any], out: Path, port: int) -> tuple[Path, list[str]]:
+    """The config that is planned, written to OUT/config.yaml: CONFIG with this run's port, on
+    ``--quick`` rewritten for the CPU (stack's quick_config) and cut to the measured models."""
+    from serve_app import adapters
+    from serve_app.config.deploy import load_deploy_config
+    from serve_app.plan.measurements import load_measurements
+
+    source = load_deploy_config(cfg["config"])
+    notes: list[str] = []
+    if cfg["quick"]:
+        doc, notes = quick_config(source, list(adapters.FAMILIES), port)
+        names = list(load_measurements(cfg["measurements"]).models)
+        doc, left = keep_applications(doc, names)
+        notes += left
+    else:
+        doc = with_port(source, port)
+    path = out / "config.yaml"
+    path.write_text(f"# {cfg['config']} as this proof plans it\n" + yaml.safe_dump(doc))
+    return path, notes
+
+
+def deploy_phase(name: str, doc: dict[str, Any], first: bool, cfg: Mapping[str, Any]) -> str:
+    """Deploy ``doc`` the way ``serve-app run`` does (derive.for_run, then launch.run; later
+    phases into the same Ray: the previous applications deleted, their GPU memory seen freed);
+    the base URL once every application is ready."""
+    from serve_app.ops import launch
+    from serve_app.plan.derive import for_run
+
+    doc, notes = for_run(doc)
+    for note in notes:
+        log(f"planproof: {name}: {note}")
+    if first:
+        return launch.run(doc, haproxy=True, ready_timeout_s=cfg["ready_timeout_s"]).url
+    from ray import serve
+
+    from load_tests.harness.nvml import nvml_process_pids
+
+    pids = {int(r["pid"]) for r in replicas_summary(_base(doc)) if r.get("pid") is not None}
+    for app in list(serve.status().applications):
+        serve.delete(app, _blocking=True)
+    deadline = time.monotonic() + 60.0
+    while pids and time.monotonic() < deadline:
+        seen = nvml_process_pids()
+        if seen is None or not (seen & pids):
+            break
+        time.sleep(0.5)
+    from serve_app.config.deploy import check_deploy_config
+    from serve_app.errors import ConfigError
+
+    errors = check_deploy_config(doc, gpus=max(1, launch.gpu_count()))  # as launch.run checks
+    if errors:
+        raise ConfigError(f"the {name} config:\n  " + "\n  ".join(errors))
+    if launch.gpu_count() == 0:
+        doc, _ = launch.cpu_fallback(doc)
+    launch.deploy(doc)
+    launch.wait_ready(_base(doc), cfg["ready_timeout_s"])
+    return _base(doc)
+
+
+def _base(doc: Mapping[str, Any]) -> str:
+    opts = doc.get("http_options") or {}
+    return f"http://{opts.get('host', '127.0.0.1')}:{opts['port']}"
+
+
+def load_phase(
+    name: str,
+    base: str,
+    fams: Sequence[Family],
+    reqs: Mapping[str, Request],
+    plan_models: Mapping[str, Mapping[str, Any]],
+    pools: Mapping[str, Any],
+    cfg: Mapping[str, Any],
+    out: Path,
+) -> dict[str, Any]:
+    """Every route at once at its planned rate for warmup_s + duration_s, NVML watched; the
+    rows by model, the watch and the replicas."""
+    from load_tests.bench import PreparedRequest
+    from load_tests.harness.cluster import wait_answer
+
+    for f in fams:  # a first answer on each route (HAProxy reloads after a deploy)
+        r = reqs[f.application]
+        ct = {"content-type": r.content_type}
+        wait_answer(PreparedRequest("POST", f"{base}{f.route}", ct, r.body), 120.0)
+    watch = BudgetWatch(f"{base}/v1/memory", interval_s=0.1).start()
+    summaries: dict[str, dict[str, Any]] = {}
+    goodput: dict[str, float | None] = {}
+    try:
+        for f in fams:
+            m, r = plan_models[f.application], reqs[f.application]
+            rate = float(m["predicted_throughput_rps"])
+            body = out / f"body-{f.application}.bin"
+            body.write_bytes(r.body)
+            pools[f.application].submit(
+                f"{base}{f.route}",
+                {"content-type": r.content_type},
+                body,
+                rate_per_s=rate,
+                duration_s=cfg["duration_s"],
+                warmup_s=cfg["warmup_s"],
+                connections=max(8, min(1024, math.ceil(rate * m["p99_target_s"] * 2))),
+                seed=sum(map(ord, f.application)),
+                timeout_s=cfg["request_timeout_s"],
+            )
+        log(
+            f"planproof: {name}: {len(fams)} routes at once for "
+            f"{cfg['warmup_s']:g} + {cfg['duration_s']:g} s"
+        )
+        for f in fams:
+            pool = pools[f.application]
+            try:
+                summaries[f.application] = pool.collect()
+                goodput[f.application] = goodput_per_s(
+                    pool.last_arrays,
+                    float(plan_models[f.application]["p99_target_s"]),
+                    cfg["warmup_s"],
+                    summaries[f.application]["duration_s"],
+                )
+            except Exception as exc:  # noqa: BLE001 - the row says so; the others stand
+                summaries[f.application] = {"error": f"{type(exc).__name__}: {exc}"[:1000]}
+                goodput[f.application] = None
+    finally:
+        budget = watch.stop()
+    if not nvml_devices():
+        budget["note"] = "no NVML (CPU run): nothing judged"
+    rows = [
+        model_row(
+            f.application,
+            f.route,
+            float(plan_models[f.application]["predicted_throughput_rps"]),
+            float(plan_models[f.application]["p99_target_s"]),
+            summaries.get(f.application),
+            goodput.get(f.application),
+        )
+        for f in fams
+    ]
+    for row in rows:
+        log(
+            f"planproof: {name}: {row['application']}: offered {row['offered_rps'] or 0:.1f}, "
+            f"answered {row['answered_rps'] or 0:.1f} req/s (predicted "
+            f"{row['predicted_rps']:.1f}), p99 {row['p99_ms'] or 0:.1f} ms (target "
+            f"{row['p99_target_ms']:g}), errors {row['errors']}, goodput "
+            f"{row['goodput_rps'] or 0:.1f}/s"
+        )
+    return {
+        "base_url": base,
+        "models": rows,
+        "budget_watch": budget,
+        "replicas": replicas_summary(base),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    cfg = settings(a)
+    out: Path = a.out
+    out.mkdir(parents=True, exist_ok=True)
+    from serve_app import adapters
+    from serve_app.ops import launch, ports
+    from serve_app.plan.measurements import load_measurements
+    from serve_app.plan.write import write_plan
+
+    ports.private_haproxy_ports()
+    os.environ.setdefault(launch.METRICS_PORT_VAR, str(ports.free_port()))
+    gpus = nvml_devices()
+    path = out / RESULT
+    result: dict[str, Any] = {
+        "schema_version": 1,
+        "title": "issue 27: the plan deployed and measured, against equal shares",
+        "status": "running",
+        "meta": run_meta(PROG, argv, gpu=gpus[0]["name"] if gpus else None),
+        "device": "cuda" if gpus else "cpu",
+        "settings": cfg,
+        "notes": [],
+    }
+    write_json(path, result)
+    pools: dict[str, Any] = {}
+    try:
+        config_path, notes = plan_config(cfg, out, ports.free_port())
+        result["notes"] += notes
+        printed = write_plan(str(config_path), cfg["measurements"], str(out / "plan"))
+        plan_doc = json.loads((out / "plan" / "plan.json").read_text())
+        planned = yaml.safe_load((out / "plan" / "serve_config.yaml").read_text())
+        m = load_measurements(cfg["measurements"])
+        num_cpus = {name: spec.num_cpus for name, spec in m.models.items()}
+        naive, naive_notes = naive_config(planned, plan_doc, num_cpus)
+        (out / "naive").mkdir(exist_ok=True)
+        (out / "naive" / "serve_config.yaml").write_text(yaml.safe_dump(naive, sort_keys=False))
+        result["notes"] += naive_notes
+        plan_models = {p["application"]: p for p in plan_doc["models"]}
+        served = {k: adapters.ROUTES.get(k, KNOWN_ROUTES.get(k, "")) for k in adapters.FAMILIES}
+        fams = [f for f in families(planned, served) if f.application in plan_models]
+        reqs = {
+            f.application: request_for(f, cfg["items_per_request"], cfg["image_size"]) for f in fams
+        }
+        result["plan"] = {"printed": printed, "plan": plan_doc, "serve_config": planned}
+        result["naive"] = {"serve_config": naive}
+        result["requests"] = {
+            k: {"items": r.items, "content_type": r.content_type, "body_bytes": len(r.body)}
+            for k, r in reqs.items()
+        }
+        rates = {
+            f.application: float(plan_models[f.application]["predicted_throughput_rps"])
+            for f in fams
+        }
+        from load_tests.harness.openloop import OpenLoopPool
+
+        cores = client_cores_for(rates, cfg["client_cores"])
+        result["client"] = {"cores_by_model": cores}
+        for name, its in cores.items():
+            work = out / "work" / name
+            work.mkdir(parents=True, exist_ok=True)
+            pools[name] = OpenLoopPool(its, None, work)
+        write_json(path, result)
+        phases: dict[str, Any] = {}
+        for phase, doc in (("plan", planned), ("naive", naive)):
+            log(f"planproof: deploying the {phase} config")
+            t0 = time.time()
+            base = deploy_phase(phase, doc, phase == "plan", cfg)
+            deploy_s = round(time.time() - t0, 1)
+            log(f"planproof: {phase}: serving at {base} after {deploy_s} s")
+            phases[phase] = {
+                "deploy_s": deploy_s,
+                **load_phase(phase, base, fams, reqs, plan_models, pools, cfg, out),
+            }
+            result["phases"] = phases
+            write_json(path, result)
+        result["verdict"] = verdict(
+            phases["plan"]["models"],
+            phases["naive"]["models"],
+            phases["plan"]["budget_watch"],
+            phases["naive"]["budget_watch"],
+            on_gpu=bool(gpus),
+        )
+        result["status"] = "ok"
+        log(f"planproof: verdict {result['verdict']}")
+    except Exception as exc:  # noqa: BLE001 - the JSON says what failed, then the exit code
+        result.update(status="error", **error_doc(exc))
+        log(f"planproof: failed: {result['error']}")
+    finally:
+        for pool in pools.values():
+            pool.close()
+        result["finished_at_unix_s"] = time.time()
+        write_json(path, result)
+        launch.shutdown()
+    log(f"planproof: wrote {path}")
+    return 0 if result["status"] == "ok" else 1

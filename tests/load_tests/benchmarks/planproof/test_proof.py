@@ -1,0 +1,153 @@
+"""load_tests.benchmarks.planproof.proof: the naive config, goodput, the rows and the verdict of
+issue 27's proof (pure functions), on the committed H200 example plan and on made-up records."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from load_tests.benchmarks.planproof.proof import (
+    goodput_per_s,
+    keep_applications,
+    model_row,
+    naive_config,
+    naive_counts,
+    verdict,
+)
+from load_tests.harness.meta import ROOT
+from serve_app.config.deploy import check_deploy_config, load_deploy_config
+from serve_app.plan.measurements import load_measurements
+
+EXAMPLE = ROOT / "examples" / "planning"
+PLAN = json.loads((EXAMPLE / "rag-stack-plan" / "plan.json").read_text())
+PLANNED = load_deploy_config(EXAMPLE / "rag-stack-plan" / "serve_config.yaml")
+CPUS = {
+    k: m.num_cpus
+    for k, m in load_measurements(EXAMPLE / "rag-stack-measurements.json").models.items()
+}
+
+
+def test_the_naive_config_of_the_h200_example_plan() -> None:
+    # The plan: 7 + 2 + 1 + 1 replicas holding 987 share units, 12 cores of 12. Equal replicas:
+    # 3 each would need 3 x (1 + 1 + 1 + 2) = 15 cores; 2 each need 10, and 987 // 8 = 123 units
+    # (1.85 GB of the H200) hold every model's budget (at most 91 units).
+    assert naive_counts(PLAN, CPUS) == (2, 123)
+    naive, notes = naive_config(PLANNED, PLAN, CPUS)
+    apps = naive["applications"]
+    assert [a["name"] for a in apps] == ["embeddings", "rerank", "classify-text", "classify-images"]
+    for app, planned in zip(apps, PLANNED["applications"], strict=True):
+        dep = app["deployments"][0]
+        assert dep["num_replicas"] == 2 and dep["ray_actor_options"]["num_gpus"] == 0.0123
+        assert (
+            dep["ray_actor_options"]["num_cpus"]
+            == planned["deployments"][0]["ray_actor_options"]["num_cpus"]
+        )
+        assert "budget" not in app["args"]["memory"]
+        assert app["args"]["max_batch_size"] == planned["args"]["max_batch_size"]  # the plan's caps
+        assert planned["args"]["memory"]["budget"] > 0  # the plan's config untouched
+    assert check_deploy_config(naive, gpus=1) == []
+    assert (
+        "2 replica(s) of each of the 4 models" in notes[0] and "984 of the plan's 987" in notes[0]
+    )
+
+
+def _plan(models: list[tuple[str, float, int]], cores_cap: float, gpus: int = 1) -> dict[str, Any]:
+    return {
+        "models": [
+            {"application": n, "num_gpus": share, "replicas_per_gpu": [reps]}
+            for n, share, reps in models
+        ],
+        "gpus": [{"cores_cap": cores_cap}] * gpus,
+    }
+
+
+def test_naive_counts_bound_by_cores_and_by_the_largest_budget() -> None:
+    cpus = {"a": 1.0, "b": 1.0}
+    # 10 units of a and 2 of b in all: 3 replicas each would need 6 cores of 4.
+    assert naive_counts(_plan([("a", 0.0001, 8), ("b", 0.0001, 2)], 4.0), cpus) == (2, 2)
+    # b's budget needs 6 units; 12 units in all hold one of each at 6, not two.
+    assert naive_counts(_plan([("a", 0.0001, 6), ("b", 0.0006, 1)], 16.0), cpus) == (1, 6)
+    with pytest.raises(ValueError, match="no naive config"):
+        naive_counts(_plan([("a", 0.0001, 1), ("b", 0.0006, 1)], 16.0), cpus)
+    with pytest.raises(ValueError, match="no naive config.*2 cores"):
+        naive_counts(_plan([("a", 0.0001, 1), ("b", 0.0001, 1)], 1.5), cpus)
+    with pytest.raises(ValueError, match="one GPU; this plan has 2"):
+        naive_counts(_plan([("a", 0.0001, 1)], 4.0, gpus=2), cpus)
+
+
+def _records(rows: list[tuple[float, float, int]]) -> np.ndarray:
+    """Open-loop records (scheduled s, latency s, send lag s, status) of made-up requests."""
+    return np.array([[t for t, _, _ in rows], [lat for _, lat, _ in rows], [0.0] * len(rows),
+                     [s for _, _, s in rows]], dtype=np.float64)  # fmt: skip
+
+
+def test_goodput_counts_answers_within_the_target_in_the_window() -> None:
+    first = _records([
+        (0.5, 0.01, 200),  # in the warm-up: not counted
+        (1.0, 0.05, 200),  # counted
+        (1.5, 0.30, 200),  # over the 0.2 s target
+        (2.0, 0.01, 503),  # not a 2xx
+        (2.5, np.nan, 0),  # no answer (timeout)
+    ])  # fmt: skip
+    second = _records([(1.2, 0.2, 200), (3.0, 0.01, 200)])  # at the target; after the window
+    assert goodput_per_s([first, second], 0.2, warmup_s=1.0, duration_s=2.0) == 1.0
+    assert goodput_per_s([first, second], 1.0, warmup_s=1.0, duration_s=2.0) == 1.5
+    assert goodput_per_s([], 1.0, warmup_s=1.0, duration_s=2.0) == 0.0
+
+
+def _summary(answered: float, p99_ms: float, keeps_up: bool = True) -> dict[str, Any]:
+    return {"offered_per_s": 100.0, "requests_per_s": answered, "p50_ms": p99_ms / 2,
+            "p99_ms": p99_ms, "requests": 1000, "errors": 0, "error_counts": {},
+            "client_keeps_up": keeps_up}  # fmt: skip
+
+
+def test_a_models_row_against_its_prediction_and_target() -> None:
+    row = model_row("emb", "/v1/embeddings", 100.0, 0.1, _summary(86.0, 99.0), 85.0)
+    assert row["throughput_ok"] and row["p99_ok"] and row["answered_over_predicted"] == 0.86
+    assert row["p99_target_ms"] == 100.0 and row["goodput_rps"] == 85.0
+    assert not model_row("emb", "/", 100.0, 0.1, _summary(84.0, 99.0), 80.0)["throughput_ok"]
+    assert not model_row("emb", "/", 100.0, 0.1, _summary(116.0, 99.0), 80.0)["throughput_ok"]
+    assert not model_row("emb", "/", 100.0, 0.1, _summary(100.0, 101.0), 80.0)["p99_ok"]
+    failed = model_row("emb", "/", 100.0, 0.1, {"error": "RuntimeError: worker"}, None)
+    assert not failed["throughput_ok"] and not failed["p99_ok"] and failed["error"]
+
+
+def _rows(goodputs: list[float], keeps_up: bool = True) -> list[dict[str, Any]]:
+    return [model_row(f"m{i}", "/", 100.0, 0.1, _summary(100.0, 50.0, keeps_up), g)
+            for i, g in enumerate(goodputs)]  # fmt: skip
+
+
+WATCH = {"budget_violations": 0, "nvml_samples_judged": 500}
+
+
+def test_the_verdict_of_issue_27() -> None:
+    ok = verdict(_rows([100.0, 40.0]), _rows([60.0, 40.0]), WATCH, WATCH, on_gpu=True)
+    assert ok["all_ok"] and ok["goodput_ratio"] == 1.4 and ok["failed"] == []
+    assert ok["goodput_rps"] == {"plan": 140.0, "naive": 100.0}
+    low = verdict(_rows([100.0, 20.0]), _rows([60.0, 40.0]), WATCH, WATCH, on_gpu=True)
+    assert low["failed"] == ["goodput_ok"] and low["goodput_ratio"] == 1.2
+    over = {"budget_violations": 1, "nvml_samples_judged": 500}
+    assert verdict(_rows([100.0]), _rows([1.0]), WATCH, over, True)["failed"] == ["budget_ok"]
+    unjudged = {"budget_violations": 0, "nvml_samples_judged": 0}
+    assert verdict(_rows([100.0]), _rows([1.0]), unjudged, unjudged, True)["failed"] == [
+        "budget_ok"
+    ]
+    assert verdict(_rows([100.0]), _rows([1.0]), unjudged, unjudged, False)["all_ok"]  # CPU
+    late = verdict(_rows([100.0]), _rows([1.0], keeps_up=False), WATCH, WATCH, True)
+    assert late["failed"] == ["client_ok"]
+    none = verdict(_rows([100.0]), _rows([0.0]), WATCH, WATCH, True)
+    assert none["all_ok"] and none["goodput_ratio"] is None  # the naive config answered none
+    assert "throughput_ok" in verdict([], [], WATCH, WATCH, True)["failed"]
+
+
+def test_keep_applications_keeps_the_measured_ones() -> None:
+    rag = load_deploy_config(ROOT / "configs" / "rag-stack.yaml")
+    doc, notes = keep_applications(rag, ["rerank", "embeddings"])
+    assert [a["name"] for a in doc["applications"]] == ["embeddings", "rerank"]
+    assert len(notes) == 2 and "classify-text" in notes[0]
+    assert len(rag["applications"]) == 4
+    assert yaml.safe_dump(doc)  # plain data, writable as a config
