@@ -279,7 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from serve_app.plan.write import write_plan
 
     ports.private_haproxy_ports()
-    os.environ.setdefault(launch.METRICS_PORT_VAR, str(ports.free_port()))
+    # Beside a server or a test session: never their metrics port (launch pins one).
+    os.environ[launch.METRICS_PORT_VAR] = str(ports.free_port())
     gpus = nvml_devices()
     path = out / RESULT
     result: dict[str, Any] = {
