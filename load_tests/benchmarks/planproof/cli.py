@@ -32,6 +32,7 @@ from load_tests.benchmarks.stack.plan import (
     request_for,
     with_port,
 )
+from load_tests.benchmarks.throughput.options import parse_cores
 from load_tests.harness.meta import PROVENANCE_HELP, ROOT, run_meta
 from load_tests.harness.nvml import BudgetWatch, nvml_devices
 from load_tests.harness.run import error_doc, log, write_json
@@ -76,18 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _cores(text: str) -> list[int]:
-    out: list[int] = []
-    for part in filter(None, text.split(",")):
-        lo, _, hi = part.partition("-")
-        out += list(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
 def settings(a: argparse.Namespace) -> dict[str, Any]:
     quick = bool(a.quick)
     pick = lambda v, full, small: v if v is not None else (small if quick else full)  # noqa: E731
-    cores = _cores(a.client_cores) or sorted(os.sched_getaffinity(0))
+    cores = parse_cores(a.client_cores) if a.client_cores else sorted(os.sched_getaffinity(0))
     return {
         "quick": quick,
         "config": str(a.config or DEFAULT_CONFIG),

@@ -28,6 +28,7 @@ from load_tests.benchmarks.stack.plan import (
     verdict,
     with_port,
 )
+from load_tests.benchmarks.throughput.options import parse_cores
 from load_tests.harness.meta import PROVENANCE_HELP, ROOT, run_meta
 from load_tests.harness.nvml import BudgetWatch, nvml_devices
 from load_tests.harness.run import Budget, error_doc, log, write_json
@@ -68,14 +69,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _cores(text: str) -> list[int]:
-    out: list[int] = []
-    for part in filter(None, text.split(",")):
-        lo, _, hi = part.partition("-")
-        out += list(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
 def settings(a: argparse.Namespace) -> dict[str, Any]:
     quick = bool(a.quick)
     pick = lambda v, full, small: v if v is not None else (small if quick else full)  # noqa: E731
@@ -90,7 +83,7 @@ def settings(a: argparse.Namespace) -> dict[str, Any]:
         "ceiling_batches": [1, 4, 8] if quick else [1, 2, 4, 8, 16, 32, 64, 128, 256],
         "ceiling_min_s": 0.2 if quick else 0.5,
         "image_size": 64 if quick else 224,
-        "client_cores": _cores(a.client_cores),
+        "client_cores": parse_cores(a.client_cores) if a.client_cores else [],
     }
 
 
