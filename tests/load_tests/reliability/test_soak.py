@@ -8,18 +8,7 @@ from pathlib import Path
 import pytest
 
 from load_tests.reliability import soak
-
-MIB = 1 << 20
-
-
-def row(t_s: float, pid: int, rss: int, nvml: int | None = None, reserved: int = 0) -> dict:
-    return {
-        "t_s": t_s,
-        "pid": pid,
-        "rss_bytes": rss,
-        "nvml_bytes": nvml,
-        "reserved_bytes": reserved,
-    }
+from tests.load_tests.reliability.test_slope import row  # one sample row for both
 
 
 def test_chunk_stats_counts_and_percentiles() -> None:
