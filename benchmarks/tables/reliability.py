@@ -141,6 +141,7 @@ SOAK_FILES = (
     "reliability/soak_cpu_120s.json",
     "reliability/soak_cpu_600s.json",
     "reliability/soak_cpu_slope_1800s.json",
+    "reliability/soak_cpu_slope_3600s.json",
 )
 MIB_PER_H = 60 / (1 << 20)  # bytes per minute to MiB per hour
 
@@ -172,6 +173,41 @@ def r_soak_cpu(ctx: Ctx) -> str:
     return table(header, body)
 
 
+SOAK_H200_FILES = ("reliability/soak_h200_slope_1320s.json",)
+
+
+def r_soak_h200(ctx: Ctx) -> str:
+    body = []
+    for rel in SOAK_H200_FILES:
+        d = load(ctx.results / rel)
+        t, v, mem = d["totals"], d["verdict"], d["memory"]
+        reps = v["replicas"]
+
+        def slopes(key: str, reps: list[dict[str, Any]] = reps) -> str:
+            return fmt_range((r[f"{key}_slope_bytes_per_min"] * MIB_PER_H for r in reps), 1, "")
+
+        body.append(
+            [
+                ctx.link(rel),
+                f"`{d['code_commit']}`",
+                f"{d['cli']['duration_s']:g} s ({v['warmup_s']:g} s)",
+                f"{d['rate_rps']:g} ({d['peak_rps']:g})",
+                f"{t['sent']:,}",
+                str(t["lost"]),
+                str(t["failed"]),
+                f"{mem['budget_violations']} in {mem['nvml_samples_judged']:,}",
+                slopes("rss"),
+                slopes("nvml"),
+                slopes("reserved"),
+                "yes" if v["slope_ok"] else f"no (max {v['max_slope_mib_per_h']:g})",
+            ]
+        )
+    header = ["file", "code", "duration (warm-up)", "req/s offered (peak)", "sent", "lost"]
+    header += ["failed", "budget violations in NVML samples", "RSS slope (MiB/h)"]
+    header += ["NVML slope (MiB/h)", "reserved slope (MiB/h)", "every slope under 5 MiB/h"]
+    return table(header, body)
+
+
 def _kill20(ctx: Ctx) -> Mapping[str, Any]:
     rows = load(ctx.results / GPU_FAULT_RUNS[1])["rows"]
     return next(r for r in rows if r["fault"] == "kill20")["detail"]
@@ -192,4 +228,5 @@ RENDERERS: dict[str, tuple[str, Renderer]] = {
     "kill20-out-of-rotation": (INLINE, r_kill20_oor),
     "kill20-negative": (INLINE, r_kill20_negative),
     "soak-cpu": (BLOCK, r_soak_cpu),
+    "soak-h200": (BLOCK, r_soak_h200),
 }
