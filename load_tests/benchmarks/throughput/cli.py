@@ -58,6 +58,7 @@ def client_phase(cfg: Mapping[str, Any], work: Path, deadline: float) -> list[di
     """wrk and the open-loop client against the static HAProxy no-op, per payload."""
     from load_tests.benchmarks.throughput.measure import Clients, measure_client_ceiling
     from load_tests.benchmarks.throughput.noop_server import NoopHAProxy
+    from load_tests.benchmarks.throughput.proccpu import ServerCpu
     from load_tests.benchmarks.throughput.setups import client_payloads
     from load_tests.harness.openloop import OpenLoopPool
     from load_tests.harness.wrk import find_wrk
@@ -76,6 +77,7 @@ def client_phase(cfg: Mapping[str, Any], work: Path, deadline: float) -> list[di
     try:
         pool = OpenLoopPool(cfg["client_cores"], cfg["openloop_procs"], work)
         clients = Clients(find_wrk(cfg["wrk"]), pool, cfg, work, log)
+        clients.server_cpu = ServerCpu([server.proc.pid])  # HAProxy's own CPU per request
         per_payload_s = client_ceiling_est_s(cfg)
         for p in payloads:
             c = dict(common, model=p.model, payload=p.key, inputs_per_request=p.inputs_per_request)

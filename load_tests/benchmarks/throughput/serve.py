@@ -21,6 +21,7 @@ from load_tests.benchmarks.throughput import rows, stats
 from load_tests.benchmarks.throughput.measure import Clients, measure_served
 from load_tests.benchmarks.throughput.options import format_cores
 from load_tests.benchmarks.throughput.payload import Payload
+from load_tests.benchmarks.throughput.proccpu import ServerCpu
 from load_tests.benchmarks.throughput.setups import (
     DEPLOY_EST_S,
     gpu_share,
@@ -239,6 +240,9 @@ def serve_worker(spec: dict[str, Any]) -> None:
         work = Path(spec["work_dir"])
         pool = OpenLoopPool(cfg["client_cores"], cfg["openloop_procs"], work)
         clients = Clients(find_wrk(cfg["wrk"]), pool, cfg, work, log)
+        # Every process this worker starts is the server's (Ray's daemons and workers, Serve's
+        # HAProxy, a LitServe server), except the clients and this process itself.
+        clients.server_cpu = ServerCpu([os.getpid()], clients.client_pids, count_roots=False)
         t0 = time.time()
         # Beside a server or a test session: never their metrics port (launch pins one).
         os.environ[launch.METRICS_PORT_VAR] = str(ports.free_port())
