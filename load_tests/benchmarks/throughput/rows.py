@@ -127,7 +127,15 @@ def wrk_row(common: Mapping[str, Any], tries: Sequence[Mapping[str, Any]]) -> di
 
 
 def _try_summary(t: Mapping[str, Any]) -> dict[str, Any]:
-    keys = ("connections", "threads", "requests_per_s", "p50_ms", "p99_ms", "errors", "error")
+    keys: tuple[str, ...] = (
+        "connections",
+        "threads",
+        "requests_per_s",
+        "p50_ms",
+        "p99_ms",
+        "errors",
+        "error",
+    )
     keys += ("server_cpu_s_per_1000_requests", "server_cores_busy")
     return {k: t[k] for k in keys if k in t}
 
