@@ -135,6 +135,7 @@ def run_job(
     port, base = ctx["port"], f"http://127.0.0.1:{ctx['port']}"
     t0 = time.time()
     litserve = None
+    ray_cpu = clients.server_cpu
     try:
         if ctx.get("app"):
             _delete(ctx["app"], ctx.get("pids", set()), cuda)
@@ -144,7 +145,8 @@ def run_job(
             name = f"litserve-r{replicas}"
             log(f"{name}: starting LitServe with {replicas} workers")
             litserve = LitServeProcess(replicas, cfg, ctx["scratch"])
-            _litserve_roots(clients, [litserve.proc.pid])
+            # LitServe's rows count its own processes: the idle Ray cluster beside it is not its.
+            clients.server_cpu = ServerCpu([litserve.proc.pid], litserve_roots=[litserve.proc.pid])
             base = litserve.base_url
             litserve.wait_healthy(timeout_s)
         else:
@@ -182,7 +184,7 @@ def run_job(
         skip_rest(payloads, "error", f"deploy failed: {err['error'][:1500]}")
         if litserve is not None:
             litserve.stop()
-            _litserve_roots(clients, [])
+            clients.server_cpu = ray_cpu
         return
     deploy_s = round(time.time() - t0, 1)
     log(f"{name}: serving after {deploy_s} s")
@@ -209,7 +211,7 @@ def run_job(
             result["server_reports"][job["key"]] = server_memory(base)
         if litserve is not None:
             litserve.stop()
-            _litserve_roots(clients, [])
+            clients.server_cpu = ray_cpu
 
 
 def peer_settings(kind: str, replicas: int, cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -228,12 +230,6 @@ def peer_settings(kind: str, replicas: int, cfg: Mapping[str, Any]) -> dict[str,
         "batch_wait_timeout_s": cfg["peer_batch_wait_s"],
         "max_ongoing_requests": 512,
     }
-
-
-def _litserve_roots(clients: Clients, pids: list[int]) -> None:
-    """The trees whose processes proccpu classifies as LitServe's (its workers are replicas)."""
-    if clients.server_cpu is not None:
-        clients.server_cpu.litserve_roots = list(pids)
 
 
 def _replica_pids(clients: Clients) -> set[int]:
