@@ -4,8 +4,8 @@ Ray Serve's batching guide shows (an async method decorated with ``max_batch_siz
 behind a FastAPI ingress (serve_app's ingress shape, as the no-op) at ``POST /v1/embeddings``.
 Deployed from a Serve config into the same cluster, behind the same HAProxy ingress."""
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: FastAPI reads the route's ``Request``
+# annotation, which names a class imported inside batch_deployment, not a module global.
 from typing import Any
 
 DEPLOYMENT_NAME = "Embed"
@@ -43,7 +43,7 @@ def batch_deployment(max_batch_size: int, batch_wait_timeout_s: float) -> Any:
             return list(zip(split(vectors, counts), split(tokens, counts), strict=True))
 
         @api.post("/v1/embeddings")
-        async def embeddings(self, request: Request) -> Any:
+        async def embeddings(self, request: Request):  # type: ignore[no-untyped-def]
             try:
                 texts, fmt = parse_request(await request.json())
             except (RequestError, ValueError) as exc:  # a JSON decode error is a ValueError
