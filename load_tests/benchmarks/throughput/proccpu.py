@@ -45,7 +45,8 @@ _DAEMON_PATHS = ("/ray/dashboard/", "/ray/_private/", "/ray/autoscaler/")
 def classify(name: str, cmdline: Sequence[str], litserve: bool = False) -> str:
     """The kind of a server process from its name and command line. ``litserve``: the process is
     in a LitServe server's tree, where the spawned inference workers are the replicas and the
-    rest (the forked uvicorn API servers, the main process, its queue manager) serve HTTP."""
+    rest (the forked uvicorn API servers, the main process, its queue manager and ZeroMQ
+    broker) serve HTTP and pass requests on."""
     title = cmdline[0] if cmdline else ""
     base = os.path.basename(title.split(" ", 1)[0])
     joined = " ".join(cmdline)
