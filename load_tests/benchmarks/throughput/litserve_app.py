@@ -26,45 +26,13 @@ def available() -> bool:
 
 
 def make_api(max_batch_size: int, batch_timeout_s: float, model_name: str) -> Any:
-    import litserve as ls
-    from fastapi import HTTPException
-
-    from load_tests.benchmarks.throughput.peers import (
-        Embedder,
-        RequestError,
-        parse_request,
-        response_doc,
-        split,
-    )
-
-    class EmbedAPI(ls.LitAPI):  # type: ignore[misc]
-        def setup(self, device: str) -> None:
-            self.embedder = Embedder(device)
-
-        # Unannotated: LitServe takes the HTTP request and response types from these two
-        # signatures (none: the request's JSON in, a JSON answer out).
-        def decode_request(self, request):  # type: ignore[no-untyped-def]
-            try:
-                return parse_request(request)
-            except RequestError as exc:
-                raise HTTPException(status_code=400, detail=str(exc)) from None
-
-        def predict(self, batch: list[tuple[list[str], str]]) -> list[Any]:
-            flat = [t for texts, _ in batch for t in texts]
-            vectors, tokens = self.embedder.embed(flat)
-            counts = [len(texts) for texts, _ in batch]
-            fmts = [fmt for _, fmt in batch]
-            return list(zip(split(vectors, counts), split(tokens, counts), fmts, strict=True))
-
-        def unbatch(self, output: list[Any]) -> list[Any]:
-            return output
-
-        def encode_response(self, output):  # type: ignore[no-untyped-def]
-            vectors, tokens, fmt = output
-            return response_doc(vectors, fmt, model_name, sum(tokens))
+    from load_tests.benchmarks.throughput.litserve_api import EmbedAPI
 
     return EmbedAPI(
-        max_batch_size=max_batch_size, batch_timeout=batch_timeout_s, api_path="/v1/embeddings"
+        model_name,
+        max_batch_size=max_batch_size,
+        batch_timeout=batch_timeout_s,
+        api_path="/v1/embeddings",
     )
 
 
