@@ -1,11 +1,14 @@
 """The throughput benchmark on the CPU: its clients against HAProxy's static no-op, and the
 documented dry run (``--device cpu --quick``, one input per request) end to end, bounded in
-time. wrk (.tools/wrk or PATH) measured every req/s figure the docs give, so its path runs here:
-scripts/test.sh provides wrk (Debian's package) and sets SERVE_APP_REQUIRE_WRK=1, which makes a
-missing wrk a failure. Without that variable and without wrk, the rows must say "no wrk"."""
+time, with the peers (plain Ray Serve with ``@serve.batch``; LitServe when installed, else its
+skipped rows) and the server's CPU per request. wrk (.tools/wrk or PATH) measured every req/s
+figure the docs give, so its path runs here: scripts/test.sh provides wrk (Debian's package) and
+sets SERVE_APP_REQUIRE_WRK=1, which makes a missing wrk a failure. Without that variable and
+without wrk, the rows must say "no wrk"."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -103,7 +106,9 @@ def test_cpu_quick_dry_run_end_to_end(tmp_path: Path) -> None:
     ceiling = next(r for r in table if r["setup"] == "in_process")
     assert ceiling["status"] == "ok" and ceiling["ceiling_items_per_s"] > 0, ceiling
 
-    for setup in ("client_ceiling", "serve_app", "ray_serve_noop"):
+    litserve = importlib.util.find_spec("litserve") is not None
+    served = ["client_ceiling", "serve_app", "ray_serve_noop", "ray_serve_batch"]
+    for setup in served + (["litserve"] if litserve else []):
         wrk_row, open_row = by[(setup, "wrk")], by[(setup, "open-loop")]
         assert open_row["status"] == "ok", (setup, open_row, detail)
         assert open_row["errors"] == 0 and open_row["requests_per_s"] > 0, open_row
@@ -112,6 +117,22 @@ def test_cpu_quick_dry_run_end_to_end(tmp_path: Path) -> None:
         else:
             assert wrk_row["status"] == "ok", (setup, wrk_row, detail)
             assert wrk_row["requests_per_s"] > 0 and wrk_row["errors"] == 0, wrk_row
+        # The server's CPU over the run, from /proc: something per request, split by kind.
+        for row in (wrk_row, open_row) if WRK else (open_row,):
+            assert row["server_cpu_s_per_1000_requests"] > 0, (setup, row)
+            assert row["server_cpu_requests"] >= row["requests"] > 0, (setup, row)
+    if not litserve:  # CI: LitServe is an optional extra
+        row = by[("litserve", "open-loop")]
+        assert row["status"] == "skipped" and "pip install" in row["note"], row
+
+    kinds = {s: by[(s, "open-loop")]["server_cpu_s_by_kind"] for s in served}
+    assert set(kinds["client_ceiling"]) == {"haproxy"}, kinds  # HAProxy's static no-op alone
+    for setup in ("serve_app", "ray_serve_noop", "ray_serve_batch"):
+        assert {"replica", "haproxy", "ray-daemons"} <= set(kinds[setup]), (setup, kinds)
+        assert kinds[setup]["replica"] > 0, (setup, kinds)
+    for setup in ("serve_app", "ray_serve_batch"):
+        assert by[(setup, "open-loop")]["server_cpu_vs_noop"] > 0
+    assert by[("ray_serve_batch", "open-loop")]["vs_ceiling"] > 0
 
     served = by[("serve_app", "open-loop")]
     assert served["model"] == "minilm" and served["replicas"] == 1
@@ -138,3 +159,5 @@ def test_cpu_quick_dry_run_end_to_end(tmp_path: Path) -> None:
     assert render.returncode == 0, render.stderr
     assert "### serve_app: MiniLM-L6 embeddings" in render.stdout
     assert "### Plain Ray Serve no-op behind the same HAProxy ingress" in render.stdout
+    assert "### Plain Ray Serve with @serve.batch (peer): MiniLM-L6" in render.stdout
+    assert "### Server CPU per 1,000 requests" in render.stdout

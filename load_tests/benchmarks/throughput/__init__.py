@@ -15,11 +15,17 @@ beside the references that say what the numbers mean:
   cores, with the same requests and answers of the size serve_app gives (a row is flagged
   when this ceiling is under 3x what the client measured there);
 - plain Ray Serve's no-op behind the same HAProxy ingress at the same replica counts;
-- the model alone in one process (the in-process ceiling), best over batches.
+- the model alone in one process (the in-process ceiling), best over batches;
+- two peers with the same model, payloads and clients (MiniLM): plain Ray Serve with
+  ``@serve.batch`` behind the same ingress, and LitServe 0.2.19 (the optional extra ``peers``;
+  its rows are ``skipped`` without it);
+- for every row, the server's CPU seconds per 1,000 requests, read from /proc around each
+  client run, split by process kind, and its ratio to the no-op's.
 
     python -m load_tests.benchmarks.throughput --out DIR [--models minilm,resnet50]
         [--replicas 4,8,12,16] [--inputs-per-request 1,16] [--server-cores 0-15]
         [--client-cores 16-31] [--duration-s S] [--mps] [--max-time-s 540] [--device cpu --quick]
+        [--phases ceiling,client,serve,noop,ray_serve_batch,litserve]
     python -m load_tests.benchmarks.throughput.render DIR/throughput.json      # the markdown tables
 
 Writes DIR/throughput.json (a list of rows, rewritten as they arrive), DIR/meta.json (host,
@@ -34,7 +40,9 @@ Modules: ``options`` (command line, cores), ``payload`` (request and answer bodi
 (HAProxy's static no-op), ``noop_app`` (plain Ray Serve's no-op), ``stats`` and ``rows`` (pure
 functions), ``measure`` (one target, both clients), ``setups`` (configs, payloads and time
 estimates per job), ``serve`` (the Ray session and its jobs), ``workers`` (subprocesses),
-``cli`` (the phases), ``render``.
+``cli`` (the phases), ``render``; ``proccpu`` (the server's CPU from /proc), ``peers`` (the
+peers' model, parse and answer), ``ray_serve_batch_app`` and ``litserve_app`` (the peers),
+``peer_process`` (LitServe as a subprocess).
 """
 
 from __future__ import annotations

@@ -17,7 +17,13 @@ from typing import Any
 
 from load_tests.benchmarks.throughput import rows as rowlib
 from load_tests.benchmarks.throughput.options import PROG, build_parser, format_cores, make_config
-from load_tests.benchmarks.throughput.setups import client_ceiling_est_s, plan_estimate
+from load_tests.benchmarks.throughput.setups import (
+    PEER_MODELS,
+    PEERS,
+    SETUP_OF_KIND,
+    client_ceiling_est_s,
+    plan_estimate,
+)
 from load_tests.benchmarks.throughput.workers import spawn, wait_worker, worker_main
 from load_tests.harness.meta import machine_info, run_meta
 from load_tests.harness.run import error_doc, log, write_json
@@ -26,8 +32,9 @@ SCHEMA_VERSION = 1
 
 
 def plan_jobs(models: Sequence[str], replicas: Sequence[int], phases: Sequence[str]) -> list:
-    """Replica counts in the order given; at each, every model, then the no-op, so that a run
-    cut short by its time budget has every setup at the first counts."""
+    """Replica counts in the order given; at each, every model, then the no-op, then the peers
+    (MiniLM only), so that a run cut short by its time budget has every setup at the first
+    counts."""
     jobs: list[dict[str, Any]] = []
     for n in replicas:
         if "serve" in phases:
@@ -35,6 +42,11 @@ def plan_jobs(models: Sequence[str], replicas: Sequence[int], phases: Sequence[s
                 jobs.append({"key": f"{m}/r{n}", "kind": "serve_app", "model": m, "replicas": n})
         if "noop" in phases:
             jobs.append({"key": f"noop/r{n}", "kind": "noop", "model": None, "replicas": n})
+        for peer in PEERS:
+            if peer in phases:
+                for m in (m for m in models if m in PEER_MODELS):
+                    key = f"{peer}-{m}/r{n}"
+                    jobs.append({"key": key, "kind": peer, "model": m, "replicas": n})
     return jobs
 
 
@@ -58,6 +70,7 @@ def client_phase(cfg: Mapping[str, Any], work: Path, deadline: float) -> list[di
     """wrk and the open-loop client against the static HAProxy no-op, per payload."""
     from load_tests.benchmarks.throughput.measure import Clients, measure_client_ceiling
     from load_tests.benchmarks.throughput.noop_server import NoopHAProxy
+    from load_tests.benchmarks.throughput.proccpu import ServerCpu
     from load_tests.benchmarks.throughput.setups import client_payloads
     from load_tests.harness.openloop import OpenLoopPool
     from load_tests.harness.wrk import find_wrk
@@ -76,6 +89,7 @@ def client_phase(cfg: Mapping[str, Any], work: Path, deadline: float) -> list[di
     try:
         pool = OpenLoopPool(cfg["client_cores"], cfg["openloop_procs"], work)
         clients = Clients(find_wrk(cfg["wrk"]), pool, cfg, work, log)
+        clients.server_cpu = ServerCpu([server.proc.pid])  # HAProxy's own CPU per request
         per_payload_s = client_ceiling_est_s(cfg)
         for p in payloads:
             c = dict(common, model=p.model, payload=p.key, inputs_per_request=p.inputs_per_request)
@@ -156,8 +170,7 @@ def _more(on_rows: Callable[[list], None], done: list, result: Mapping[str, Any]
 
 
 def _job_id(job: Mapping[str, Any]) -> tuple[Any, ...]:
-    setup = "serve_app" if job["kind"] == "serve_app" else "ray_serve_noop"
-    return (setup, job["model"], job["replicas"])
+    return (SETUP_OF_KIND[job["kind"]], job["model"], job["replicas"])
 
 
 def _job_id_of_row(row: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -244,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             phase("ceiling", lambda: ceiling_phase(cfg, work, out, deadline - 60.0))
         if "client" in cfg["phases"]:
             phase("client", lambda: client_phase(cfg, work, deadline - 60.0))
-        if {"serve", "noop"} & set(cfg["phases"]):
+        if {"serve", "noop", *PEERS} & set(cfg["phases"]):
 
             def on_rows(r: list[dict[str, Any]]) -> None:
                 parts["serve"] = r

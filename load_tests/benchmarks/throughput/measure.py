@@ -4,26 +4,35 @@ open-loop client at a fraction of that rate; and each client's own ceiling again
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from load_tests.benchmarks.throughput import rows, stats
 from load_tests.benchmarks.throughput.payload import Payload
+from load_tests.benchmarks.throughput.proccpu import ServerCpu
 from load_tests.harness.openloop import OpenLoopPool
 from load_tests.harness.wrk import WrkTarget, best_try, run_wrk
 
 
 @dataclass
 class Clients:
-    """wrk (None when there is none) and the open-loop pool, pinned to the client cores."""
+    """wrk (None when there is none) and the open-loop pool, pinned to the client cores.
+    ``server_cpu``, when set, is sampled just before and after each wrk try and open-loop
+    point; the try or point then carries the server's CPU per 1,000 requests answered."""
 
     wrk: str | None
     pool: OpenLoopPool
     cfg: Mapping[str, Any]
     work_dir: Path
     log: Callable[[str], None]
+    server_cpu: ServerCpu | None = None
+
+    @property
+    def client_pids(self) -> list[int]:
+        """The open-loop workers' pids: never counted as the server's."""
+        return [p.pid for p in self.pool.procs]
 
     @property
     def cores(self) -> list[int]:
@@ -34,6 +43,8 @@ class Clients:
             return []
         tries = []
         for connections in self.cfg["connections"]:
+            if self.server_cpu is not None:
+                self.server_cpu.start()
             t = run_wrk(
                 self.wrk,
                 target,
@@ -43,6 +54,8 @@ class Clients:
                 cores=self.cores,
                 work_dir=self.work_dir,
             )
+            if self.server_cpu is not None:  # wrk's count: answers of any status
+                t.update(self.server_cpu.stop(int(t.get("requests") or 0)))
             tries.append(t)
             self.log(f"  wrk -c{connections}: {_describe(t)}")
             time.sleep(self.cfg["pause_s"])
@@ -56,6 +69,8 @@ class Clients:
         duration_s: float,
         warmup_s: float | None = None,
     ) -> dict[str, Any]:
+        if self.server_cpu is not None:
+            self.server_cpu.start()
         s = self.pool.point(
             url,
             payload.headers,
@@ -67,17 +82,27 @@ class Clients:
             seed=self.cfg["seed"],
             poisson=self.cfg["poisson"],
         )
+        if self.server_cpu is not None:
+            # Every answer in the CPU window (warm-up and drain too), not only the measured ones.
+            s.update(self.server_cpu.stop(answered(self.pool.last_arrays)))
         self.log(f"  open-loop {rate:,.0f}/s: {_describe(s)}")
         return s
+
+
+def answered(arrays: Sequence[Any]) -> int:
+    """Requests that got an HTTP answer (any status) in an open-loop point's records."""
+    return int(sum(int((a[3] > 0).sum()) for a in arrays))
 
 
 def _describe(t: Mapping[str, Any]) -> str:
     if t.get("error"):
         return f"ERROR {str(t['error'])[:300]}"
     keep = "" if t.get("client_keeps_up", True) else " CLIENT BEHIND"
+    cpu = t.get("server_cpu_s_per_1000_requests")
+    cpu_text = f", server CPU {cpu:.3f} s/1000 req" if cpu is not None else ""
     return (
         f"{t.get('requests_per_s', 0):,.0f} 2xx/s, p50 {t.get('p50_ms') or 0:.2f} ms, "
-        f"p99 {t.get('p99_ms') or 0:.2f} ms, errors {t.get('errors')}{keep}"
+        f"p99 {t.get('p99_ms') or 0:.2f} ms, errors {t.get('errors')}{keep}{cpu_text}"
     )
 
 
@@ -196,6 +221,7 @@ def measure_client_ceiling(
 
 _POINT_KEYS = (
     "offered_per_s",
+    "server_cpu_s_per_1000_requests",
     "scheduled_per_s",
     "requests_per_s",
     "p50_ms",

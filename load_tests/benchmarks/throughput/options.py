@@ -12,7 +12,8 @@ from load_tests.benchmarks.throughput.payload import ENCODINGS, MODELS
 from load_tests.harness.meta import PROVENANCE_HELP, ROOT
 
 PROG = "python -m load_tests.benchmarks.throughput"
-PHASES: tuple[str, ...] = ("ceiling", "client", "serve", "noop")
+# "serve": serve_app; "noop": plain Ray Serve's no-op; then the peers (MiniLM only).
+PHASES: tuple[str, ...] = ("ceiling", "client", "serve", "noop", "ray_serve_batch", "litserve")
 DEFAULT_WRK = str(ROOT / ".tools" / "wrk")  # make-tools.sh puts it there; carried to the host
 
 
@@ -150,6 +151,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--merge", action="store_true", help="keep rows of DIR/throughput.json not re-measured"
     )
+    p.add_argument(
+        "--peer-max-batch-size", type=int, default=64, help="the peers' max_batch_size (64)"
+    )
+    p.add_argument(
+        "--peer-batch-wait-s",
+        type=float,
+        default=0.01,
+        help="the peers' batch_wait_timeout_s / batch_timeout (0.01, Ray Serve's default)",
+    )
     p.add_argument("--_worker", choices=("ceiling", "serve"), help=argparse.SUPPRESS)
     p.add_argument("--_spec", help=argparse.SUPPRESS)
     return p
@@ -177,6 +187,8 @@ def make_config(a: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
     shared = shared_physical_cores(server, client, thread_siblings)
     if not 0 < a.openloop_fraction <= 1:
         parser.error("--openloop-fraction must be in (0, 1]")
+    if a.peer_max_batch_size < 1 or a.peer_batch_wait_s < 0:
+        parser.error("--peer-max-batch-size must be >= 1 and --peer-batch-wait-s >= 0")
     if a.replica_share is not None and not 0 < a.replica_share <= 1:
         parser.error(f"--replica-share {a.replica_share} must be in (0, 1]")
     return {
@@ -214,11 +226,13 @@ def make_config(a: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
         "model_min_s": 0.3 if cpu else 1.0,
         "mps": a.mps and not cpu,
         "wrk": a.wrk,
-        "max_time_s": a.max_time_s or (115.0 if cpu else 540.0),
+        "max_time_s": a.max_time_s or (160.0 if cpu else 540.0),
         "teardown_reserve_s": 15.0 if cpu else 40.0,
         "deploy_timeout_s": 240.0 if cpu else 180.0,
         "phases": phases,
         "merge": a.merge,
+        "peer_max_batch_size": a.peer_max_batch_size,
+        "peer_batch_wait_s": a.peer_batch_wait_s,
         "seed": 0,
         "shared_physical_cores": [list(p) for p in shared],
     }

@@ -14,12 +14,21 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.tables.common import fmt_ms, fmt_rate  # one formatting for the docs and this
+from load_tests.benchmarks.throughput import rows as rowlib
 
 GIB = float(1 << 30)
 MODEL_TITLES = {
     "minilm": "MiniLM-L6 embeddings, fp16 (dummy weights), short texts",
     "resnet50": "ResNet-50, fp16 (dummy weights), 224 px JPEGs",
 }
+
+
+SETUP_TITLES = {
+    "serve_app": "serve_app",
+    "ray_serve_batch": "Plain Ray Serve with @serve.batch (peer)",
+    "litserve": "LitServe 0.2.19 (peer)",
+}
+CPU_KINDS = ("replica", "haproxy", "ray-serve-control", "ray-daemons", "litserve-http", "other")
 
 
 def fmt_x(value: float | None) -> str:
@@ -51,6 +60,73 @@ def _errors(row: Mapping[str, Any]) -> str:
 def _layout(row: Mapping[str, Any]) -> str:
     gpus = row.get("num_gpus")
     return f"{row.get('replicas')} x {gpus:g}" if gpus else f"{row.get('replicas')} (no GPU)"
+
+
+def _served_tables(rows: Sequence[Mapping[str, Any]], setup: str, title: str) -> list[str]:
+    """One table per model of ``setup``'s rows."""
+    out: list[str] = []
+    for model in dict.fromkeys(r.get("model") for r in rows if r.get("setup") == setup):
+        served = [r for r in rows if r.get("setup") == setup and r.get("model") == model]
+        out += [f"### {title}: {MODEL_TITLES.get(str(model), model)}", ""]
+        body = [
+            [
+                _layout(r),
+                str(r.get("inputs_per_request")),
+                str(r.get("client")),
+                fmt_rate(r.get("requests_per_s")),
+                fmt_rate(r.get("items_per_s")),
+                fmt_x(r.get("vs_ceiling")),
+                fmt_ms(r.get("p50_ms")),
+                fmt_ms(r.get("p99_ms")),
+                _errors(r),
+                fmt_rate(r.get("client_ceiling_requests_per_s")),
+                fmt_x(r.get("client_headroom")),
+                "-" if r.get("budget_violations") is None else str(r["budget_violations"]),
+                _status(r),
+            ]
+            for r in served
+        ]
+        header = ["replicas x GPU", "inputs/req", "client", "req/s", "items/s", "x ceiling"]
+        header += ["p50", "p99", "errors", "client ceiling req/s", "headroom", "over budget"]
+        out += _table([*header, "status"], body)
+        out.append("")
+    return out
+
+
+def _cpu(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _cpu_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The server's CPU seconds per 1,000 requests of every row that has it, beside the no-op's
+    at the same replica count and client, and split by process kind."""
+    have = [r for r in rows if r.get("server_cpu_s_per_1000_requests") is not None]
+    if not have:
+        return []
+    body = []
+    for r in have:
+        by_kind = r.get("server_cpu_s_per_1000_requests_by_kind") or {}
+        body.append(
+            [
+                str(r.get("setup")),
+                str(r.get("payload")),
+                str(r.get("replicas") or "-"),
+                str(r.get("client")),
+                fmt_rate(r.get("requests_per_s")),
+                _cpu(r.get("server_cpu_s_per_1000_requests")),
+                fmt_x(r.get("server_cpu_vs_noop")),
+                "-" if r.get("server_cores_busy") is None else f"{r['server_cores_busy']:.2f}",
+                *(_cpu(by_kind.get(k)) for k in CPU_KINDS),
+            ]
+        )
+    header = ["setup", "payload", "replicas", "client", "req/s", "CPU s / 1,000 req"]
+    header += ["x no-op's", "cores busy", *CPU_KINDS]
+    return [
+        "### Server CPU per 1,000 requests (every server process, from /proc)",
+        "",
+        *_table(header, body),
+        "",
+    ]
 
 
 def render_markdown(
@@ -110,31 +186,8 @@ def render_markdown(
         ]
         out += _table(["model", "best items/s", "batch", "items/s by batch", "notes"], body)
         out.append("")
-    for model in dict.fromkeys(r.get("model") for r in rows if r.get("setup") == "serve_app"):
-        served = [r for r in rows if r.get("setup") == "serve_app" and r.get("model") == model]
-        out += [f"### serve_app: {MODEL_TITLES.get(str(model), model)}", ""]
-        body = [
-            [
-                _layout(r),
-                str(r.get("inputs_per_request")),
-                str(r.get("client")),
-                fmt_rate(r.get("requests_per_s")),
-                fmt_rate(r.get("items_per_s")),
-                fmt_x(r.get("vs_ceiling")),
-                fmt_ms(r.get("p50_ms")),
-                fmt_ms(r.get("p99_ms")),
-                _errors(r),
-                fmt_rate(r.get("client_ceiling_requests_per_s")),
-                fmt_x(r.get("client_headroom")),
-                "-" if r.get("budget_violations") is None else str(r["budget_violations"]),
-                _status(r),
-            ]
-            for r in served
-        ]
-        header = ["replicas x GPU", "inputs/req", "client", "req/s", "items/s", "x ceiling"]
-        header += ["p50", "p99", "errors", "client ceiling req/s", "headroom", "over budget"]
-        out += _table([*header, "status"], body)
-        out.append("")
+    for setup, title in SETUP_TITLES.items():
+        out += _served_tables(rows, setup, title)
     noop = [r for r in rows if r.get("setup") == "ray_serve_noop"]
     if noop:
         out += ["### Plain Ray Serve no-op behind the same HAProxy ingress", ""]
@@ -155,12 +208,11 @@ def render_markdown(
         header = ["replicas", "client", "req/s", "p50", "p99", "errors"]
         out += _table([*header, "client ceiling req/s", "headroom", "status"], body)
         out.append("")
+    out += _cpu_table(rows)
     flags = list(meta.get("flags") or [])
     if flags:
         out += ["**Flagged:**", ""] + [f"- {f}" for f in flags] + [""]
-    elif any(
-        r.get("setup") in ("serve_app", "ray_serve_noop") and r.get("status") == "ok" for r in rows
-    ):
+    elif any(r.get("setup") in rowlib.SERVED and r.get("status") == "ok" for r in rows):
         out += ["Every measured row had at least 3x client headroom.", ""]
     return "\n".join(out).rstrip() + "\n"
 

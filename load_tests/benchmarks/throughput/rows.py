@@ -1,8 +1,12 @@
 """Rows of throughput.json: one per measured (or skipped) setup, built by pure functions.
 
 Setups: ``serve_app`` (the server, via wrk and via the open-loop client), ``ray_serve_noop``
-(plain Ray Serve's no-op deployment behind the same HAProxy ingress), ``client_ceiling`` (each
-client against the static HAProxy no-op) and ``in_process`` (the model alone).
+(plain Ray Serve's no-op deployment behind the same HAProxy ingress), the peers
+``ray_serve_batch`` (plain Ray Serve with ``@serve.batch``, same ingress) and ``litserve``
+(LitServe's own server), ``client_ceiling`` (each client against the static HAProxy no-op) and
+``in_process`` (the model alone). Every measured row carries the server's CPU seconds per 1,000
+requests (proccpu), and a served row its ratio to the no-op's at the same replica count and
+client (``server_cpu_vs_noop``).
 """
 
 from __future__ import annotations
@@ -12,7 +16,22 @@ from typing import Any
 
 HEADROOM_MIN = 3.0  # the client's ceiling must be at least this multiple of what it measured
 OPENLOOP_MIN_CEILING_PER_S = 25000.0  # asked of the open-loop client on 16 client cores
-SERVED = ("serve_app", "ray_serve_noop")
+SERVED = ("serve_app", "ray_serve_noop", "ray_serve_batch", "litserve")
+MODEL_SERVED = ("serve_app", "ray_serve_batch", "litserve")  # read against the model alone
+# proccpu's figures, copied from the kept wrk try or open-loop point into its row.
+CPU_KEYS: tuple[str, ...] = (
+    "server_cpu_s_per_1000_requests",
+    "server_cpu_s_per_1000_requests_by_kind",
+    "server_cpu_s",
+    "server_cpu_s_by_kind",
+    "server_processes_by_kind",
+    "server_processes_started",
+    "server_processes_exited",
+    "server_processes_unmeasured",
+    "server_cpu_window_s",
+    "server_cpu_requests",
+    "server_cores_busy",
+)
 ROW_KEYS: tuple[str, ...] = (
     "setup",
     "model",
@@ -42,6 +61,9 @@ ROW_KEYS: tuple[str, ...] = (
     "vs_ceiling",
     "client_ceiling_requests_per_s",
     "client_headroom",
+    "server_cpu_s_per_1000_requests",
+    "server_cpu_s_per_1000_requests_by_kind",
+    "server_cpu_vs_noop",
     "budget_violations",
     "nvml_samples",
     "peak_process_bytes",
@@ -100,11 +122,21 @@ def wrk_row(common: Mapping[str, Any], tries: Sequence[Mapping[str, Any]]) -> di
         duration_s=best["duration_s"],
         items_per_s=_items(best["requests_per_s"], common.get("inputs_per_request")),
     )
+    row.update({k: best[k] for k in CPU_KEYS if k in best})
     return row
 
 
 def _try_summary(t: Mapping[str, Any]) -> dict[str, Any]:
-    keys = ("connections", "threads", "requests_per_s", "p50_ms", "p99_ms", "errors", "error")
+    keys: tuple[str, ...] = (
+        "connections",
+        "threads",
+        "requests_per_s",
+        "p50_ms",
+        "p99_ms",
+        "errors",
+        "error",
+    )
+    keys += ("server_cpu_s_per_1000_requests", "server_cores_busy")
     return {k: t[k] for k in keys if k in t}
 
 
@@ -126,6 +158,7 @@ def openloop_row(common: Mapping[str, Any], summary: Mapping[str, Any]) -> dict[
         client_cpu_frac_max=summary.get("client_cpu_frac_max"),
         client_keeps_up=summary.get("client_keeps_up"),
     )
+    row.update({k: summary[k] for k in CPU_KEYS if k in summary})
     if not summary.get("client_keeps_up"):
         row["flags"] = [*row["flags"], "open-loop client fell behind its schedule"]
     return row
@@ -171,11 +204,18 @@ def apply_ceilings(rows: list[dict[str, Any]]) -> list[str]:
         if row.get("setup") not in SERVED or row.get("status") != "ok":
             continue
         model_row = _lookup(rows, setup="in_process", model=row.get("model"))
-        if model_row is not None and row.get("setup") == "serve_app":
+        if model_row is not None and row.get("setup") in MODEL_SERVED:
             row["ceiling_items_per_s"] = model_row["ceiling_items_per_s"]
             row["ceiling_batch"] = model_row["ceiling_batch"]
             if row.get("items_per_s") is not None and model_row["ceiling_items_per_s"]:
                 row["vs_ceiling"] = row["items_per_s"] / model_row["ceiling_items_per_s"]
+        noop = _lookup(
+            rows, setup="ray_serve_noop", replicas=row.get("replicas"), client=row.get("client")
+        )
+        cpu, noop_cpu = row.get("server_cpu_s_per_1000_requests"), None
+        if noop is not None and row.get("setup") != "ray_serve_noop":
+            noop_cpu = noop.get("server_cpu_s_per_1000_requests")
+        row["server_cpu_vs_noop"] = cpu / noop_cpu if cpu is not None and noop_cpu else None
         client = _lookup(
             rows, setup="client_ceiling", payload=row.get("payload"), client=row.get("client")
         )

@@ -21,12 +21,15 @@ from load_tests.benchmarks.throughput import rows, stats
 from load_tests.benchmarks.throughput.measure import Clients, measure_served
 from load_tests.benchmarks.throughput.options import format_cores
 from load_tests.benchmarks.throughput.payload import Payload
+from load_tests.benchmarks.throughput.proccpu import ServerCpu
 from load_tests.benchmarks.throughput.setups import (
     DEPLOY_EST_S,
+    SETUP_OF_KIND,
     gpu_share,
     job_payloads,
     measure_est_s,
     noop_doc,
+    ray_serve_batch_doc,
     serve_app_doc,
 )
 from load_tests.harness.meta import ROOT
@@ -83,6 +86,8 @@ def run_job(
 ) -> None:
     """Deploy ``job``'s application (deleting the previous one), then measure each payload;
     rows go to ``result["rows"]`` as they are made."""
+    from load_tests.benchmarks.throughput import litserve_app
+    from load_tests.benchmarks.throughput.peer_process import LitServeProcess
     from load_tests.harness.cluster import server_memory, wait_answer
     from load_tests.harness.nvml import MemorySampler
     from serve_app.config.deploy import check_deploy_config
@@ -91,16 +96,21 @@ def run_job(
     cfg, cuda = ctx["cfg"], ctx["cuda"]
     kind, replicas = job["kind"], job["replicas"]
     payloads = job_payloads(job, cfg)
+    on_gpu = kind in ("serve_app", "ray_serve_batch") and cuda
     base_row = {
-        "setup": "serve_app" if kind == "serve_app" else "ray_serve_noop",
+        "setup": SETUP_OF_KIND[kind],
         "model": job.get("model"),
         "replicas": replicas,
-        "num_gpus": gpu_share(replicas, cfg) if kind == "serve_app" and cuda else None,
+        "num_gpus": gpu_share(replicas, cfg) if on_gpu else None,
         "num_cpus": stats.replica_cpus(replicas, len(cfg["server_cores"])),
         "mps": ctx["mps"],
         "server_cores": format_cores(cfg["server_cores"]),
         "client_cores": format_cores(cfg["client_cores"]),
     }
+    if kind in ("ray_serve_batch", "litserve"):
+        base_row["peer_settings"] = peer_settings(kind, replicas, cfg)
+        if kind == "litserve":  # its workers share one device; Ray's CPU share does not apply
+            base_row["num_cpus"] = None
 
     def common(p: Payload) -> dict[str, Any]:
         return dict(
@@ -115,46 +125,66 @@ def run_job(
             for client in ("wrk", "open-loop"):
                 result["rows"].append(rows.status_row(common(p), client, status, note))
 
+    if kind == "litserve" and not litserve_app.available():
+        skip_rest(payloads, "skipped", f"litserve is not installed: {litserve_app.INSTALL_HINT}")
+        return
     left = ctx["deadline"] - time.time()
     if left < DEPLOY_EST_S[kind][0 if cuda else 1] + measure_est_s(cfg):
         skip_rest(payloads, "skipped", f"time budget: {left:.0f} s left")
         return
     port, base = ctx["port"], f"http://127.0.0.1:{ctx['port']}"
     t0 = time.time()
+    litserve = None
+    ray_cpu = clients.server_cpu
     try:
         if ctx.get("app"):
             _delete(ctx["app"], ctx.get("pids", set()), cuda)
             ctx["app"] = None
-        if kind == "serve_app":
-            doc = serve_app_doc(job["model"], replicas, cfg, port)
+        timeout_s = min(cfg["deploy_timeout_s"], max(10.0, ctx["deadline"] - time.time()))
+        if kind == "litserve":
+            name = f"litserve-r{replicas}"
+            log(f"{name}: starting LitServe with {replicas} workers")
+            litserve = LitServeProcess(replicas, cfg, ctx["scratch"])
+            # LitServe's rows count its own processes: the idle Ray cluster beside it is not its.
+            clients.server_cpu = ServerCpu([litserve.proc.pid], litserve_roots=[litserve.proc.pid])
+            base = litserve.base_url
+            litserve.wait_healthy(timeout_s)
+        else:
+            if kind == "serve_app":
+                doc = serve_app_doc(job["model"], replicas, cfg, port)
+            elif kind == "ray_serve_batch":
+                doc = ray_serve_batch_doc(replicas, cfg, port)
+            else:
+                doc = noop_doc(replicas, cfg, port)
             if not cuda:
                 doc, _ = launch.cpu_fallback(doc)
-        else:
-            doc = noop_doc(replicas, cfg, port)
-        name = doc["applications"][0]["name"]
-        errors = check_deploy_config(doc) if kind == "serve_app" else []
-        if errors:
-            raise ValueError("invalid config: " + "; ".join(errors))
-        log(f"{name}: deploying {replicas} replicas")
-        ctx["app"] = name  # deleted before the next job even if this deploy fails part-way
-        launch.deploy(doc)
-        timeout_s = min(cfg["deploy_timeout_s"], max(10.0, ctx["deadline"] - time.time()))
-        if kind == "serve_app":
-            launch.wait_ready(base, timeout_s)
-        else:
-            _wait_running(name, timeout_s)
+            name = doc["applications"][0]["name"]
+            errors = check_deploy_config(doc) if kind == "serve_app" else []
+            if errors:
+                raise ValueError("invalid config: " + "; ".join(errors))
+            log(f"{name}: deploying {replicas} replicas")
+            ctx["app"] = name  # deleted before the next job even if this deploy fails part-way
+            launch.deploy(doc)
+            if kind == "serve_app":
+                launch.wait_ready(base, timeout_s)
+            else:
+                _wait_running(name, timeout_s)
         first = payloads[0]
         from load_tests.bench import PreparedRequest
 
         probe = PreparedRequest("POST", base + first.path, first.headers, first.body)
         wait_answer(probe, 60.0)
         budgets = _budgets(base) if kind == "serve_app" else {}
-        ctx["pids"] = set(budgets)
+        # The replicas whose GPU memory must be gone before the next job deploys.
+        ctx["pids"] = set(budgets) or _replica_pids(clients)
     except Exception as exc:  # noqa: BLE001 - the job fails, the run goes on
         err = error_doc(exc)
         log(f"job {job['key']} FAILED to deploy: {err['error'][:800]}")
         result["errors"].append({"job": job["key"], **err})
         skip_rest(payloads, "error", f"deploy failed: {err['error'][:1500]}")
+        if litserve is not None:
+            litserve.stop()
+            clients.server_cpu = ray_cpu
         return
     deploy_s = round(time.time() - t0, 1)
     log(f"{name}: serving after {deploy_s} s")
@@ -179,6 +209,33 @@ def run_job(
             sampler.stop()
         if kind == "serve_app":
             result["server_reports"][job["key"]] = server_memory(base)
+        if litserve is not None:
+            litserve.stop()
+            clients.server_cpu = ray_cpu
+
+
+def peer_settings(kind: str, replicas: int, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The peer's own batching settings, as its rows record them."""
+    if kind == "litserve":
+        return {
+            "workers_per_device": replicas,
+            "devices": 1,
+            "max_batch_size": cfg["peer_max_batch_size"],
+            "batch_timeout": cfg["peer_batch_wait_s"],
+            "fast_queue": True,
+            "num_api_servers": "default (one per worker)",
+        }
+    return {
+        "max_batch_size": cfg["peer_max_batch_size"],
+        "batch_wait_timeout_s": cfg["peer_batch_wait_s"],
+        "max_ongoing_requests": 512,
+    }
+
+
+def _replica_pids(clients: Clients) -> set[int]:
+    if clients.server_cpu is None:
+        return set()
+    return {pid for pid, p in clients.server_cpu.snapshot().items() if p.kind == "replica"}
 
 
 def _judge_memory(row: dict[str, Any], sampler: Any, budgets: Mapping[int, int]) -> None:
@@ -233,12 +290,16 @@ def serve_worker(spec: dict[str, Any]) -> None:
     pool = None
     ctx: dict[str, Any] = {"cfg": cfg, "cuda": cuda, "mps": mps, "result_path": result_path}
     ctx["deadline"] = spec["deadline_unix"]
+    ctx["scratch"] = scratch
     try:
         from serve_app.ops import launch, ports
 
         work = Path(spec["work_dir"])
         pool = OpenLoopPool(cfg["client_cores"], cfg["openloop_procs"], work)
         clients = Clients(find_wrk(cfg["wrk"]), pool, cfg, work, log)
+        # Every process this worker starts is the server's (Ray's daemons and workers, Serve's
+        # HAProxy, a LitServe server), except the clients and this process itself.
+        clients.server_cpu = ServerCpu([os.getpid()], clients.client_pids, count_roots=False)
         t0 = time.time()
         # Beside a server or a test session: never their metrics port (launch pins one).
         os.environ[launch.METRICS_PORT_VAR] = str(ports.free_port())

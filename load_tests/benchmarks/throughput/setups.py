@@ -7,14 +7,28 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from load_tests.benchmarks.throughput import noop_app, stats
+from load_tests.benchmarks.throughput import noop_app, ray_serve_batch_app, stats
 from load_tests.benchmarks.throughput.payload import MODELS, Payload, model_payload, noop_payload
 from load_tests.harness.meta import ROOT
 
 DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"
 # Seconds a deploy takes until it answers: (GPU, CPU); on a GPU each replica captures CUDA
 # graphs, calibrates and warms up, and 16 of them start at once.
-DEPLOY_EST_S = {"serve_app": (60.0, 20.0), "noop": (15.0, 8.0)}
+DEPLOY_EST_S = {
+    "serve_app": (60.0, 20.0),
+    "noop": (15.0, 8.0),
+    "ray_serve_batch": (40.0, 15.0),
+    "litserve": (45.0, 15.0),
+}
+# The row's ``setup`` for each job kind.
+SETUP_OF_KIND = {
+    "serve_app": "serve_app",
+    "noop": "ray_serve_noop",
+    "ray_serve_batch": "ray_serve_batch",
+    "litserve": "litserve",
+}
+PEERS: tuple[str, ...] = ("ray_serve_batch", "litserve")
+PEER_MODELS = ("minilm",)  # the peers serve the embeddings model only
 RAY_START_EST_S = (15.0, 8.0)  # (GPU, CPU)
 
 
@@ -78,6 +92,30 @@ def noop_doc(replicas: int, cfg: Mapping[str, Any], port: int) -> dict:
     }
 
 
+def ray_serve_batch_doc(replicas: int, cfg: Mapping[str, Any], port: int) -> dict:
+    """The ``ray_serve_batch`` peer at ``replicas`` replicas as a Serve config: the no-op's
+    deployment options (same ingress, queue bound and access log), the model on a GPU share as
+    serve_app's replicas get, ``@serve.batch`` at the run's peer batch settings."""
+    doc = noop_doc(replicas, cfg, port)
+    app = doc["applications"][0]
+    cuda = cfg["device"] == "cuda"
+    app.update(
+        name=f"ray-serve-batch-r{replicas}",
+        import_path=ray_serve_batch_app.IMPORT_PATH,
+        args={
+            "device": "cuda" if cuda else "cpu",
+            "model_name": MODELS["minilm"]["model_name"],
+            "max_batch_size": cfg["peer_max_batch_size"],
+            "batch_wait_timeout_s": cfg["peer_batch_wait_s"],
+        },
+    )
+    dep = app["deployments"][0]
+    dep["name"] = ray_serve_batch_app.DEPLOYMENT_NAME
+    if cuda:
+        dep["ray_actor_options"]["num_gpus"] = gpu_share(replicas, cfg)
+    return doc
+
+
 def job_payloads(job: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[Payload]:
     if job["kind"] == "noop":
         return [noop_payload()]
@@ -92,7 +130,8 @@ def client_payloads(cfg: Mapping[str, Any]) -> list[Payload]:
     the ceilings to an earlier run's rows)."""
     phases = set(cfg["phases"])
     out = []
-    if "serve" in phases or not phases & {"serve", "noop"}:
+    model_served = {"serve", *PEERS}
+    if phases & model_served or not phases & {*model_served, "noop"}:
         out = [
             model_payload(m, n, cfg["encoding_format"])
             for m in cfg["models"]

@@ -59,3 +59,33 @@ def test_render_markdown_tables() -> None:
     ) in md
     assert "| 4 | wrk | - | - | - | - | - | - | skipped: time budget: 12 s left |" in md
     assert "- x: 1/s against 2/s" in md
+
+
+def test_render_shows_the_peers_and_the_server_cpu_table() -> None:
+    peer = rows.new_row(
+        **common_row(setup="ray_serve_batch", payload="minilm-x1-float", inputs_per_request=1),
+        client="wrk",
+        status="ok",
+        requests_per_s=1500.0,
+        server_cpu_s_per_1000_requests=4.25,
+        server_cpu_s_per_1000_requests_by_kind={"replica": 3.0, "haproxy": 0.5, "other": 0.75},
+        server_cpu_vs_noop=2.5,
+        server_cores_busy=6.375,
+    )
+    ceiling = rows.new_row(
+        setup="client_ceiling",
+        payload="noop",
+        client="open-loop",
+        status="ok",
+        requests_per_s=9000.0,
+        server_cpu_s_per_1000_requests=0.02,
+        server_cpu_s_per_1000_requests_by_kind={"haproxy": 0.02},
+    )
+    md = render_markdown([ceiling, peer])
+    assert "### Plain Ray Serve with @serve.batch (peer): MiniLM-L6 embeddings" in md
+    assert "### Server CPU per 1,000 requests (every server process, from /proc)" in md
+    assert (
+        "| ray_serve_batch | minilm-x1-float | 4 | wrk | 1,500 | 4.250 | 2.50x | 6.38 "
+        "| 3.000 | 0.500 | - | - | - | 0.750 |"
+    ) in md
+    assert "| client_ceiling | noop | - | open-loop | 9,000 | 0.020 | - | - | - | 0.020 |" in md

