@@ -100,6 +100,17 @@ listen stats
 """
 
 
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A folder directly under /tmp: HAProxy refuses a socket path over 97 bytes, which pytest's
+    tmp_path can pass (a longer basetemp, or pytest-xdist's popen-gwN level)."""
+    import shutil
+
+    d = Path(tempfile.mkdtemp(prefix="sa-t-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
 def _private_dir(base: Path, owner_pid: int, owner_created: float) -> Path:
     d = Path(tempfile.mkdtemp(prefix=haproxy.PRIVATE_PREFIX, dir=base))
     (d / haproxy.OWNER_FILE).write_text(f"{owner_pid} {owner_created}\n")
@@ -123,9 +134,9 @@ def _start(d: Path, http_port: int) -> subprocess.Popen[bytes]:
 
 @needs_haproxy
 def test_the_launcher_binds_stats_and_metrics_to_loopback_and_records_the_pid(
-    tmp_path: Path,
+    short_tmp: Path,
 ) -> None:
-    d = _private_dir(tmp_path, 4194303, 0.0)
+    d = _private_dir(short_tmp, 4194303, 0.0)
     proc = _start(d, free_port())
     try:
         assert int((d / haproxy.PID_FILE).read_text()) == proc.pid  # the launcher exec'd
@@ -153,20 +164,20 @@ def test_the_launcher_refuses_a_stats_bind_it_cannot_move(tmp_path: Path) -> Non
 
 
 @needs_haproxy
-def test_a_stale_haproxy_of_ours_is_stopped_and_a_live_runs_is_not(tmp_path: Path) -> None:
+def test_a_stale_haproxy_of_ours_is_stopped_and_a_live_runs_is_not(short_tmp: Path) -> None:
     port = free_port()
     me = psutil.Process()
-    live = _private_dir(tmp_path, me.pid, me.create_time())
+    live = _private_dir(short_tmp, me.pid, me.create_time())
     proc = _start(live, port)
     try:
-        (found,) = haproxy.own_haproxies(str(tmp_path))
+        (found,) = haproxy.own_haproxies(str(short_tmp))
         assert (found.pid, found.directory, found.owner_alive) == (proc.pid, live, True)
         with pytest.raises(StartupError, match="still running"):
-            haproxy.free_stale_port("127.0.0.1", port, str(tmp_path))
+            haproxy.free_stale_port("127.0.0.1", port, str(short_tmp))
         assert proc.poll() is None  # a live run's HAProxy is never touched
         # The same HAProxy once its run is gone (SIGKILLed): the owner file names a dead pid.
         (live / haproxy.OWNER_FILE).write_text("4194303 0.0\n")
-        note = haproxy.free_stale_port("127.0.0.1", port, str(tmp_path))
+        note = haproxy.free_stale_port("127.0.0.1", port, str(short_tmp))
         assert f"pid {proc.pid}" in note and f"port {port}" in note
         assert proc.wait(5) is not None and not live.exists()
         assert port_is_free("127.0.0.1", port)
