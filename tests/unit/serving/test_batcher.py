@@ -241,7 +241,9 @@ def test_ray_serve_batch_forms_batches_on_arrival(executor, monkeypatch) -> None
 
     asyncio.run(main())
     assert sum(model.sizes) == 60
-    assert max(model.sizes) <= 2  # no batching to speak of, against >= 4 above
+    # No batching to speak of, against >= 4 above: most batches are one item. (Not the largest
+    # batch: on loaded cores a late sleep lets two or three items meet once in a while.)
+    assert len(model.sizes) >= 30 and sorted(model.sizes)[len(model.sizes) // 2] == 1, model.sizes
 
 
 # ---- bounds: a full queue and an old request get Overloaded, at once and without model work
