@@ -111,7 +111,10 @@ def test_a_500s_error_id_line_and_traceback_carry_the_request_id(app: str) -> No
     assert line["levelname"] == "ERROR"
     assert "asked to fail by its input" in line["exc_text"]  # the traceback, on the same line
     assert line["deployment"] == f"{APP}_model" and line["replica"] and line["application"] == APP
-    # a success logs nothing of its own at INFO (the access log is off on purpose)
+    # a success logs nothing of its own at INFO (the access log is off on purpose); the
+    # replica's first success logs its start-up line once, so one goes first
+    warm = httpx.post(f"{app}/v1/predict", json={"inputs": [1]}, headers={"x-request-id": "w-1"})
+    assert warm.status_code == 200
     ok = httpx.post(f"{app}/v1/predict", json={"inputs": [1]}, headers={"x-request-id": "ok-2"})
     assert ok.status_code == 200
     assert lines_of("ok-2", timeout_s=0.5) == []
