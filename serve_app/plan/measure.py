@@ -54,6 +54,16 @@ class Settings:
     idle_duration_s: float = 5.0
     ready_timeout_s: float = 300.0
 
+    def __post_init__(self) -> None:
+        if not 0 < self.share <= 1:
+            raise ConfigError(f"--share {self.share:g}: a share of one GPU, above 0, at most 1")
+        if self.candidates < 1:
+            raise ConfigError(f"--candidates {self.candidates}: measure at least 1 batch cap")
+        if min(self.warmup_s, self.duration_s, self.idle_duration_s) < 0 or not (
+            self.duration_s > 0 and self.idle_duration_s > 0
+        ):
+            raise ConfigError("--duration-s and --idle-duration-s above 0, --warmup-s at least 0")
+
 
 def measure_config(
     doc: dict[str, Any],
@@ -298,7 +308,8 @@ def measure(
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     ports.private_haproxy_ports()
-    os.environ.setdefault(launch.METRICS_PORT_VAR, str(ports.free_port()))
+    # Beside a server or a test session: never their metrics port (launch pins one).
+    os.environ[launch.METRICS_PORT_VAR] = str(ports.free_port())
     port = ports.free_port()
     cluster = _Cluster(s.ready_timeout_s)
     models: dict[str, Any] = {}
@@ -312,20 +323,24 @@ def measure(
             )
             gpu = gpu or gpu_spec(last)
             opts = (app.get("deployments") or [{}])[0].get("ray_actor_options") or {}
-            models[name] = rd.model_entry(
-                memory,
-                found,
-                targets.models[name],
-                float(opts.get("num_cpus", 1.0)),
-                last.get("gpu_mode") == "cuda",
-                provenance(gpu["name"]),
-            )
+            try:
+                models[name] = rd.model_entry(
+                    memory,
+                    found,
+                    targets.models[name],
+                    float(opts.get("num_cpus", 1.0)),
+                    last.get("gpu_mode") == "cuda",
+                    provenance(gpu["name"]),
+                )
+            except ValueError as exc:
+                raise StartupError(f"application {name}: {exc}") from None
             raw["models"][name] = {
                 "memory": asdict(memory),
                 "candidates": [asdict(c) for c in found],
                 "report": last,
             }
     finally:
+        (folder / "readings.json").write_text(json.dumps(raw, indent=1, default=str) + "\n")
         if cluster.started:
             launch.shutdown()
     notes = [
@@ -342,5 +357,4 @@ def measure(
     )
     path = folder / "measurements.json"
     path.write_text(json.dumps(doc_out, indent=1) + "\n")
-    (folder / "readings.json").write_text(json.dumps(raw, indent=1, default=str) + "\n")
     return path
