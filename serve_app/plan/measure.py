@@ -41,6 +41,8 @@ from serve_app.plan.targets import (
 )
 
 MAX_CONCURRENCY = 512
+STARTUP_ALL_S = 600.0  # the most AppArgs allows for graph capture and warm-up at start-up
+SETTLE_TIMEOUT_S = 120.0
 CODE_COMMIT_VAR = "SERVE_APP_CODE_COMMIT"  # names the code where a copied tree has no .git
 
 
@@ -78,7 +80,10 @@ def measure_config(
     """CONFIG cut to application ``name``, at route ``/`` on ``port``, one replica of
     ``share`` of a GPU (its num_cpus and the rest of its deployment as configured; no
     autoscaling, no memory.budget), its batch cap ``batch_size``; calibrating into
-    ``cache_dir``, or with calibration off (the cap is then ``batch_size`` as set)."""
+    ``cache_dir``, or with calibration off (the cap is then ``batch_size`` as set). Start-up
+    captures every CUDA graph and runs every warm-up batch before it serves (their start-up
+    budgets at their most), so that calibration measures beside the whole graph pool and no
+    capture runs between the measured batches."""
     app = json.loads(json.dumps(serve_app_apps(doc)[name]))
     app["route_prefix"] = "/"
     deps = app.get("deployments") or [{"name": "model"}]
@@ -91,6 +96,7 @@ def measure_config(
     app["deployments"] = [dep]
     args = app.setdefault("args", {})
     args["max_batch_size"] = batch_size
+    args.update(cuda_graph_startup_budget_s=STARTUP_ALL_S, warmup_startup_budget_s=STARTUP_ALL_S)
     memory = args.setdefault("memory", {})
     memory.pop("budget", None)
     memory.update(calibrate=calibrate, calibration_cache_dir=str(cache_dir))
@@ -129,17 +135,36 @@ def provenance(gpu: str) -> str:
     return f"measured by serve-app plan --measure at {commit or 'unknown'} on {where}"
 
 
-def _replica(base: str, name: str) -> dict[str, Any]:
-    """The newest report of application ``name``'s replica in ``GET /v1/memory``."""
+def _replica(base: str, name: str, not_pid: int | None = None) -> dict[str, Any]:
+    """The newest report of application ``name``'s replica in ``GET /v1/memory`` (not that of
+    process ``not_pid``: a deleted replica's report stays for a few seconds)."""
     from serve_app.ops.status import read_memory_report
 
     deadline = time.monotonic() + 30.0
     while True:
-        reps = [r for r in read_memory_report(base)["replicas"] if r.get("application") == name]
+        reps = [
+            r
+            for r in read_memory_report(base)["replicas"]
+            if r.get("application") == name and r.get("pid") != not_pid
+        ]
         if reps:
             return max(reps, key=lambda r: float(r["process_started_at_s"]))
         if time.monotonic() > deadline:
             raise StartupError(f"{base}/v1/memory lists no replica of {name}")
+        time.sleep(0.5)
+
+
+def _settled(base: str, name: str, not_pid: int | None, log: Callable[[str], None]) -> Any:
+    """The replica's report once it has no graph capture or warm-up batch left (its idle
+    moments run them), or after SETTLE_TIMEOUT_S, said."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while True:
+        report = _replica(base, name, not_pid)
+        if not (report.get("cuda_graphs_pending") or report.get("warmup_pending")):
+            return report
+        if time.monotonic() > deadline:
+            log(f"plan --measure: {name}: start-up work still pending; measuring anyway")
+            return report
         time.sleep(0.5)
 
 
@@ -218,12 +243,15 @@ def measure_app(
         )
 
     base = cluster.deploy(config_at(cap, True))
-    first = _replica(base, name)
+    first = _settled(base, name, cluster.pid, log)
     cluster.pid = int(first["pid"])
     probes: dict[int, int] = {}
     overhead_then = 0
     if on_gpu:
-        got = rd.calibration_probes(cache, args.model_name, int(first["cap_bytes"]))
+        match: dict[str, Any] = {"model_name": args.model_name, "adapter": args.adapter}
+        match["dtype"] = args.dtype
+        match |= {"cap_bytes": int(first["cap_bytes"]), "max_batch_size": cap}
+        got = rd.calibration_probes(cache, match)
         if got is None:
             raise StartupError(f"{name}: no calibration entry in {cache} (memory.calibrate off?)")
         probes, overhead_then, _ = got
@@ -235,9 +263,10 @@ def measure_app(
     found: list[rd.CandidateReading] = []
     last, rss = first, 0
     for b in sorted(sizes, reverse=True):
+        report = first
         if b != measured:
             base = cluster.deploy(config_at(b, False))
-        report = _replica(base, name)
+            report = _settled(base, name, cluster.pid, log)
         cluster.pid = int(report["pid"])
         t = _window_target(base, report, body, ctype)
         conc = saturation_concurrency(b, items)

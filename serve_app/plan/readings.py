@@ -80,11 +80,11 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def calibration_probes(
-    directory: Path, model_name: str, cap_bytes: int
+    directory: Path, match: Mapping[str, Any]
 ) -> tuple[dict[int, int], int, Path] | None:
-    """The newest calibration entry in ``directory`` for ``model_name`` at ``cap_bytes`` (the
-    replica's cap, which the entry's key holds): its probes that fitted (batch -> peak bytes),
-    the overhead they were measured with, and its path; None when there is none."""
+    """The newest calibration entry in ``directory`` whose key holds every field of ``match``
+    (the model's name, the replica's cap in bytes, ...): its probes that fitted (batch -> peak
+    bytes), the overhead they were measured with, and its path; None when there is none."""
     found: list[tuple[float, dict[str, Any], Path]] = []
     for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
         try:
@@ -92,9 +92,10 @@ def calibration_probes(
         except (OSError, ValueError):
             continue
         key = doc.get("key") if isinstance(doc, dict) else None
-        if isinstance(key, dict) and key.get("model_name") == model_name:
-            if key.get("cap_bytes") == cap_bytes and isinstance(doc.get("result"), dict):
-                found.append((float(doc.get("written_at_s") or 0.0), doc["result"], path))
+        if not isinstance(key, dict) or not isinstance(doc.get("result"), dict):
+            continue
+        if all(key.get(k) == v for k, v in match.items()):
+            found.append((float(doc.get("written_at_s") or 0.0), doc["result"], path))
     if not found:
         return None
     _, result, path = max(found, key=lambda f: f[0])

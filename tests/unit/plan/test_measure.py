@@ -40,6 +40,8 @@ def test_each_application_is_measured_alone_at_root_with_one_replica(tmp_path: P
     assert dep["max_ongoing_requests"] == 512  # as configured
     args = app["args"]
     assert args["max_batch_size"] == 64 and args["load_format"] == "dummy"
+    # Every graph and warm-up batch at start-up: calibration beside the whole pool.
+    assert args["cuda_graph_startup_budget_s"] == args["warmup_startup_budget_s"] == 600.0
     assert args["memory"] == {
         "cache_policy": "threshold",
         "calibrate": False,

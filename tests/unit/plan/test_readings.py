@@ -106,12 +106,13 @@ def test_calibration_probes_reads_the_newest_matching_entry(tmp_path: Path) -> N
     entry("c", "other", 100, 3.0, [[1, 99]])
     entry("d", "m", 200, 4.0, [[1, 99]])
     (tmp_path / "junk.json").write_text("{not json")
-    got = calibration_probes(tmp_path, "m", 100)
+    got = calibration_probes(tmp_path, {"model_name": "m", "cap_bytes": 100})
     assert got is not None
     probes, overhead, path = got
     assert probes == {1: 11, 2: 12} and overhead == 7 and path.name == "b.json"
-    assert calibration_probes(tmp_path, "m", 300) is None
-    assert calibration_probes(tmp_path / "none", "m", 100) is None
+    assert calibration_probes(tmp_path, {"model_name": "m", "cap_bytes": 300}) is None
+    assert calibration_probes(tmp_path, {"model_name": "m", "dtype": "float16"}) is None
+    assert calibration_probes(tmp_path / "none", {"model_name": "m"}) is None
 
 
 def test_a_gpu_model_entry_validates_and_cites_the_run() -> None:
