@@ -66,15 +66,12 @@ class _GpuSampler:
 
 
 async def _drive(
-    t: Target, concurrency: int, warmup_s: float, window_s: float, timeout_s: float
-) -> tuple[list[float], int, float, float]:
-    """``concurrency`` workers each sending the next request when its last is answered; the
-    latencies and errors of requests sent within the window (after ``warmup_s``), and the
-    window's start and end (perf_counter)."""
+    t: Target, concurrency: int, begin: float, end: float, timeout_s: float
+) -> tuple[list[float], int]:
+    """``concurrency`` workers each sending the next request when its last is answered, until
+    ``end`` (perf_counter); the latencies and errors of requests sent from ``begin`` on."""
     latencies: list[float] = []
     errors = 0
-    start = time.perf_counter()
-    begin, end = start + warmup_s, start + warmup_s + window_s
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
 
     async def worker(client: httpx.AsyncClient) -> None:
@@ -93,7 +90,7 @@ async def _drive(
 
     async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
-    return latencies, errors, begin, end
+    return latencies, errors
 
 
 def run_window(
@@ -116,11 +113,11 @@ def run_window(
         threading.Timer(warmup_s + window_s, mark, ("end",)),
     ]
     with _GpuSampler(t.gpu_uuid) as gpu:
+        begin = time.perf_counter() + warmup_s
+        end = begin + window_s
         for timer in timers:
             timer.start()
-        latencies, errors, begin, end = asyncio.run(
-            _drive(t, concurrency, warmup_s, window_s, timeout_s)
-        )
+        latencies, errors = asyncio.run(_drive(t, concurrency, begin, end, timeout_s))
         for timer in timers:
             timer.join()
     (cpu0, busy0, me0), (cpu1, busy1, me1) = marks["begin"], marks["end"]
