@@ -265,6 +265,20 @@ class NvmlSource:
                 reasons.append(f"GPU {index} is in the Prohibited compute mode")
         return reasons
 
+    def utilization_and_name(self, uuid: str) -> tuple[int, str] | NvmlError:
+        """The share of the last sample period (percent) in which a kernel ran on this GPU,
+        and its name (``serve-app plan --measure``'s GPU time and provenance)."""
+        got = self._handle(uuid)
+        if isinstance(got, NvmlError):
+            return got
+        rates: Any = _call(got[0], "nvmlDeviceGetUtilizationRates", got[1])
+        if isinstance(rates, NvmlError):
+            return rates
+        name: Any = _call(got[0], "nvmlDeviceGetName", got[1])
+        if isinstance(name, NvmlError):
+            return name
+        return int(rates.gpu), _as_str(name)
+
 
 def _as_str(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
@@ -332,6 +346,15 @@ def mps_client_pids(uuid: str) -> set[int] | NvmlError:
 def mps_blockers() -> list[str] | NvmlError:
     """Why MPS cannot run on this node (no GPU, MIG, a prohibited compute mode); empty if it can."""
     return get_source().mps_blockers()
+
+
+def utilization_and_name(uuid: str) -> tuple[int, str] | NvmlError:
+    """This GPU's utilisation (percent of the last sample period) and name; NOT_SUPPORTED from
+    a scripted source, which scripts memory only."""
+    source = get_source()
+    if isinstance(source, NvmlSource):
+        return source.utilization_and_name(uuid)
+    return NvmlError(NvmlErrorKind.NOT_SUPPORTED, "scripted NVML has no utilisation")
 
 
 def value(result: T | NvmlError) -> T | None:

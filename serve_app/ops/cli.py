@@ -151,13 +151,24 @@ def cmd_node(ns: argparse.Namespace) -> int:
         return 2
 
 
-def cmd_plan(config: str, measurements: str, out: str) -> int:
+def cmd_plan(ns: argparse.Namespace) -> int:
     from serve_app.errors import ServeAppError
     from serve_app.plan.solver import Infeasible
     from serve_app.plan.write import write_plan
 
     try:
-        print(write_plan(config, measurements, out))
+        measurements = ns.measurements
+        if ns.measure:
+            from serve_app.plan.measure import Settings, measure
+
+            if not ns.targets:
+                print("error: --measure needs --targets FILE (docs/planning.md)", file=sys.stderr)
+                return 2
+            keys = ("share", "candidates", "warmup_s", "duration_s", "idle_duration_s")
+            settings = Settings(**{k: getattr(ns, k) for k in keys})
+            measurements = str(measure(ns.config, ns.targets, ns.out, settings))
+            print(f"wrote {measurements}", flush=True)
+        print(write_plan(ns.config, measurements, ns.out))
     except (Infeasible, ServeAppError) as exc:
         print(f"error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 2
@@ -238,12 +249,21 @@ def main(argv: list[str] | None = None) -> int:
         description="Solves the packing (replicas x share per model per GPU: memory and cores "
         "less the reserve, each model's p99 target at its load, the most weighted throughput) "
         "from MEASUREMENTS (JSON, docs/planning.md) and writes OUT/serve_config.yaml, "
-        "OUT/plan.json and OUT/plan.md. The measuring half (on a GPU) is not built yet: write "
-        "the measurements from your own runs or from committed results.",
+        "OUT/plan.json and OUT/plan.md. --measure measures them first on this host (one "
+        "replica of each application at a time, with the targets of --targets FILE) into "
+        "OUT/measurements.json.",
     )
     plan.add_argument("config")
-    plan.add_argument("--measurements", required=True, help="the measurements JSON")
+    source = plan.add_mutually_exclusive_group(required=True)
+    source.add_argument("--measurements", help="the measurements JSON")
+    source.add_argument("--measure", action="store_true", help="measure on this host first")
     plan.add_argument("--out", required=True, help="folder for the config and the report")
+    plan.add_argument("--targets", help="--measure: p99 targets, loads, reserve (JSON or YAML)")
+    plan.add_argument("--share", type=float, default=0.5, help="--measure: GPU share measured")
+    plan.add_argument("--candidates", type=int, default=3, help="--measure: batch caps measured")
+    plan.add_argument("--warmup-s", type=float, default=2.0, help="--measure: before a window")
+    plan.add_argument("--duration-s", type=float, default=10.0, help="--measure: at saturation")
+    plan.add_argument("--idle-duration-s", type=float, default=5.0, help="--measure: one at a time")
     status = sub.add_parser("status", help="per-replica memory table of a running app")
     status.add_argument("--url", default="http://127.0.0.1:8000")
     status.add_argument("--json", action="store_true")
@@ -255,5 +275,5 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command == "node":
         return cmd_node(ns)
     if ns.command == "plan":
-        return cmd_plan(ns.config, ns.measurements, ns.out)
+        return cmd_plan(ns)
     return cmd_status(ns.url, ns.json)

@@ -2,7 +2,7 @@
 
 The schema is documented in docs/planning.md; ``examples/planning/rag-stack-measurements.json``
 is a worked file whose ``sources`` cite the committed results each figure comes from. Nothing
-here measures: the measuring half of issue 27 needs a GPU and is not built yet.
+here measures: ``serve-app plan --measure`` (serve_app.plan.measure) writes such a file.
 """
 
 from __future__ import annotations

@@ -291,3 +291,21 @@ def test_visible_cuda_devices_reads_the_driver_not_a_script(tmp_path: Path) -> N
         assert got == devices.count_visible(None, [d.uuid for d in NvmlSource().all_devices()])  # type: ignore[union-attr]
     else:
         assert isinstance(got, NvmlError)
+
+
+def test_utilization_and_name(tmp_path: Path) -> None:
+    module = fake_pynvml(lost={UUID1})
+    module.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=37, memory=5)
+    module.nvmlDeviceGetName = lambda h: b"NVIDIA H200"
+    source = source_for(module)
+    assert source.utilization_and_name(UUID0) == (37, "NVIDIA H200")
+    assert isinstance(source.utilization_and_name("GPU-missing"), NvmlError)
+    # A scripted source scripts memory only: the module function says so, as a value.
+    script = tmp_path / "nvml.json"
+    script.write_text(json.dumps({"steps": [{"gpus": []}]}))
+    nvml.set_source(ScriptedSource(script))
+    try:
+        got = nvml.utilization_and_name(UUID0)
+        assert isinstance(got, NvmlError) and got.kind is NvmlErrorKind.NOT_SUPPORTED
+    finally:
+        nvml.set_source(None)
