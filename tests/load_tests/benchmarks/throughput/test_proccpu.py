@@ -28,17 +28,26 @@ def _child(code: str) -> subprocess.Popen[bytes]:
 
 def test_a_live_busy_child_is_measured_over_the_window() -> None:
     import os
+    import signal
 
-    busy = _child(BURN.format(s=60))
+    # The root is a parent of our own, not this test process, whose other children (a test
+    # session's Ray cluster, say) would count too.
+    burn = BURN.format(s=60)
+    parent_code = (
+        "import subprocess, sys, time\n"
+        f"subprocess.Popen([sys.executable, '-c', {burn!r}])\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], start_new_session=True)
     try:
-        time.sleep(0.5)  # past its start-up
-        cpu = ServerCpu([os.getpid()], count_roots=False)
+        time.sleep(1.0)  # past both start-ups
+        cpu = ServerCpu([parent.pid], count_roots=False)
         cpu.start()
         time.sleep(1.0)
         got = cpu.stop(requests=1000)
     finally:
-        busy.kill()
-        busy.wait()
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
     # One core busy for about a second (the machine is shared: at least half of it).
     assert 0.5 <= got["server_cpu_s"] <= 1.3, got
     assert got["server_cpu_s_per_1000_requests"] == pytest.approx(got["server_cpu_s"], abs=1e-3)
