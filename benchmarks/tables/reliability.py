@@ -146,21 +146,30 @@ SOAK_FILES = (
 MIB_PER_H = 60 / (1 << 20)  # bytes per minute to MiB per hour
 
 
+def _soak_cells(ctx: Ctx, rel: str, d: Mapping[str, Any], commit: str) -> list[str]:
+    """A soak row's first cells: file, commit, duration (warm-up), rate (peak), sent, lost,
+    failed."""
+    t, v = d["totals"], d["verdict"]
+    return [
+        ctx.link(rel),
+        f"`{commit}`",
+        f"{d['cli']['duration_s']:g} s ({v['warmup_s']:g} s)",
+        f"{d['rate_rps']:g} ({d['peak_rps']:g})",
+        f"{t['sent']:,}",
+        str(t["lost"]),
+        str(t["failed"]),
+    ]
+
+
 def r_soak_cpu(ctx: Ctx) -> str:
     body = []
     for rel in SOAK_FILES:
         d = load(ctx.results / rel)
-        t, v = d["totals"], d["verdict"]
+        v = d["verdict"]
         reps = v["replicas"]
         body.append(
             [
-                ctx.link(rel),
-                f"`{str(d['commit'])[:7]}`",
-                f"{d['cli']['duration_s']:g} s ({v['warmup_s']:g} s)",
-                f"{d['rate_rps']:g} ({d['peak_rps']:g})",
-                f"{t['sent']:,}",
-                str(t["lost"]),
-                str(t["failed"]),
+                *_soak_cells(ctx, rel, d, str(d["commit"])[:7]),
                 fmt_range((r["rss_spread_bytes"] / MB for r in reps), 1, " MB"),
                 fmt_range((r["rss_slope_bytes_per_min"] * MIB_PER_H for r in reps), 1, " MiB/h"),
                 "yes" if v["flat"] else "no",
@@ -180,7 +189,7 @@ def r_soak_h200(ctx: Ctx) -> str:
     body = []
     for rel in SOAK_H200_FILES:
         d = load(ctx.results / rel)
-        t, v, mem = d["totals"], d["verdict"], d["memory"]
+        v, mem = d["verdict"], d["memory"]
         reps = v["replicas"]
 
         def slopes(key: str, reps: list[dict[str, Any]] = reps) -> str:
@@ -188,13 +197,7 @@ def r_soak_h200(ctx: Ctx) -> str:
 
         body.append(
             [
-                ctx.link(rel),
-                f"`{d['code_commit']}`",
-                f"{d['cli']['duration_s']:g} s ({v['warmup_s']:g} s)",
-                f"{d['rate_rps']:g} ({d['peak_rps']:g})",
-                f"{t['sent']:,}",
-                str(t["lost"]),
-                str(t["failed"]),
+                *_soak_cells(ctx, rel, d, str(d["code_commit"])),
                 f"{mem['budget_violations']} in {mem['nvml_samples_judged']:,}",
                 slopes("rss"),
                 slopes("nvml"),
