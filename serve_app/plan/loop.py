@@ -1,21 +1,29 @@
 """One closed-loop window against one replica through the HTTP ingress, with what the replica
-spent over it: its process's CPU seconds (psutil), its model thread's busy seconds (its report)
-and the GPU's busy seconds (NVML's utilisation, sampled). ``serve-app plan --measure`` runs one
-at saturation and one at a low load per batch cap."""
+spent over it: its process's CPU seconds (psutil), its model thread's busy seconds (its report),
+the GPU's busy seconds (NVML's utilisation, sampled) and the replica's GPU bytes (NVML, its
+peak). ``serve-app plan --measure`` runs one at saturation and one at a low load per batch cap.
+
+The client is aiohttp (Ray Serve's own HTTP client library, so no new dependency) in spawned
+processes of their own, each an event loop with its share of the connections: one asyncio
+process tops out at a few thousand small requests a second, under what one replica of a small
+model answers, and a figure the client limits measures the client."""
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing as mp
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import httpx
+from multiprocessing.connection import Connection
+from typing import Any
 
 from serve_app.plan.readings import LoopReading, percentile
 
 NVML_SAMPLE_S = 0.1  # the driver updates utilisation every 1/6 s to 1 s, by GPU
+CLIENT_START_TIMEOUT_S = 60.0  # a spawned client imports aiohttp (about a second)
 
 
 @dataclass(frozen=True)
@@ -30,13 +38,29 @@ class Target:
     busy_s: Callable[[], float]  # the replica's batch_busy_s, from its report
 
 
-class _GpuSampler:
-    """NVML's utilisation of one GPU sampled every NVML_SAMPLE_S on a thread; ``busy_s`` is the
-    window's samples' mean share times the window (None when NVML gave none)."""
+def client_processes(concurrency: int, cpu_count: int | None = None) -> int:
+    """How many client processes drive ``concurrency`` requests in flight: a quarter of the
+    host's cores (the replica, Ray and HAProxy keep the rest), at least one, at most 8, never
+    more than the requests in flight."""
+    cores = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
+    return max(1, min(8, cores // 4, concurrency))
 
-    def __init__(self, uuid: str | None) -> None:
-        self.uuid = uuid
+
+def split(concurrency: int, parts: int) -> list[int]:
+    """``concurrency`` dealt over ``parts`` processes as evenly as it goes."""
+    base, extra = divmod(concurrency, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+class _GpuSampler:
+    """NVML every NVML_SAMPLE_S on a thread: the GPU's utilisation (``busy_s`` is the window's
+    samples' mean share times the window, None when NVML gave none) and the replica process's
+    used bytes (``peak_bytes``, over the whole call, warm-up included)."""
+
+    def __init__(self, uuid: str | None, pid: int) -> None:
+        self.uuid, self.pid = uuid, pid
         self.samples: list[tuple[float, int]] = []  # (perf_counter, percent)
+        self.peak_bytes: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="plan-nvml", daemon=True)
 
@@ -44,6 +68,9 @@ class _GpuSampler:
         from serve_app.gpu import nvml
 
         while self.uuid and not self._stop.wait(NVML_SAMPLE_S):
+            used = nvml.value(nvml.process_used_bytes(self.pid, self.uuid))
+            if used is not None:
+                self.peak_bytes = max(self.peak_bytes or 0, used)
             got = nvml.value(nvml.utilization_and_name(self.uuid))
             if got is None:
                 return
@@ -66,21 +93,39 @@ class _GpuSampler:
 
 
 async def _drive(
-    t: Target, concurrency: int, begin: float, end: float, timeout_s: float
-) -> tuple[list[float], int]:
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    concurrency: int,
+    begin: float,
+    end: float,
+    timeout_s: float,
+) -> tuple[list[float], int, float]:
     """``concurrency`` workers each sending the next request when its last is answered, until
-    ``end`` (perf_counter); the latencies and errors of requests sent from ``begin`` on."""
+    ``end`` (perf_counter, the host's monotonic clock, the same in every process); the
+    latencies and errors of requests sent from ``begin`` on, and this process's CPU seconds
+    from ``begin`` to ``end``."""
+    import aiohttp
+
     latencies: list[float] = []
     errors = 0
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    cpu: dict[str, float] = {}
+    loop = asyncio.get_running_loop()
 
-    async def worker(client: httpx.AsyncClient) -> None:
+    def mark(name: str) -> None:  # the CPU time read when the timer fires, not when it is set
+        cpu[name] = time.process_time()
+
+    for name, at in (("begin", begin), ("end", end)):
+        loop.call_later(max(0.0, at - time.perf_counter()), mark, name)
+
+    async def worker(session: aiohttp.ClientSession) -> None:
         nonlocal errors
         while (sent := time.perf_counter()) < end:
             try:
-                resp = await client.post(t.url, content=t.body, headers=t.headers)
-                ok = resp.status_code < 300
-            except httpx.HTTPError:
+                async with session.post(url, data=body, headers=headers) as resp:
+                    await resp.read()
+                    ok = resp.status < 300
+            except (TimeoutError, aiohttp.ClientError):
                 ok = False
             if sent >= begin:
                 if ok:
@@ -88,39 +133,132 @@ async def _drive(
                 else:
                     errors += 1
 
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
-    return latencies, errors
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+    cpu.setdefault("end", time.process_time())
+    return latencies, errors, cpu["end"] - cpu.get("begin", cpu["end"])
+
+
+def _client_main(conn: Connection, job: dict[str, Any]) -> None:
+    """A spawned client: imports, says it is ready, waits for the window, drives it, sends back
+    its latencies, errors and CPU seconds (or the error that stopped it)."""
+    try:
+        import aiohttp  # noqa: F401  (imported before "ready", so the start is not in the window)
+
+        conn.send("ready")
+        begin, end = conn.recv()
+        conn.send(
+            asyncio.run(
+                _drive(
+                    job["url"],
+                    job["body"],
+                    job["headers"],
+                    job["concurrency"],
+                    begin,
+                    end,
+                    job["timeout_s"],
+                )
+            )
+        )
+    except BaseException as exc:  # reported to the parent, which raises it
+        conn.send(f"client failed: {type(exc).__name__}: {exc}")
+    finally:
+        conn.close()
+
+
+def _run_clients(
+    t: Target,
+    concurrency: int,
+    warmup_s: float,
+    window_s: float,
+    timeout_s: float,
+    on_start: Callable[[float, float], None],
+) -> tuple[list[float], int, list[float], float, float]:
+    """Start the client processes, then the window once all are ready; ``on_start(begin,
+    end)`` is called then. Latencies, errors, each process's CPU seconds, begin, end."""
+    ctx = mp.get_context("spawn")  # never fork a process that runs Ray's threads
+    procs: list[tuple[Any, Connection]] = []
+    try:
+        for n in split(concurrency, client_processes(concurrency)):
+            mine, theirs = ctx.Pipe()
+            job = {
+                "url": t.url,
+                "body": t.body,
+                "headers": t.headers,
+                "concurrency": n,
+                "timeout_s": timeout_s,
+            }
+            p = ctx.Process(
+                target=_client_main, args=(theirs, job), name="plan-client", daemon=True
+            )
+            p.start()
+            theirs.close()
+            procs.append((p, mine))
+        for _, conn in procs:
+            if not conn.poll(CLIENT_START_TIMEOUT_S):
+                raise RuntimeError(f"a load client did not start in {CLIENT_START_TIMEOUT_S} s")
+            if (msg := conn.recv()) != "ready":
+                raise RuntimeError(str(msg))
+        begin = time.perf_counter() + warmup_s
+        end = begin + window_s
+        on_start(begin, end)
+        for _, conn in procs:
+            conn.send((begin, end))
+        latencies: list[float] = []
+        errors, cpus = 0, []
+        for _, conn in procs:
+            if not conn.poll(warmup_s + window_s + timeout_s + 30.0):
+                raise RuntimeError("a load client did not finish its window")
+            got = conn.recv()
+            if isinstance(got, str):
+                raise RuntimeError(got)
+            lat, err, cpu_s = got
+            latencies += lat
+            errors += err
+            cpus.append(cpu_s)
+        return latencies, errors, cpus, begin, end
+    finally:
+        for p, conn in procs:
+            conn.close()
+            p.join(timeout=5.0)
+            if p.is_alive():
+                p.kill()
 
 
 def run_window(
     t: Target, concurrency: int, warmup_s: float, window_s: float, timeout_s: float = 30.0
 ) -> LoopReading:
     """One closed-loop window (see ``_drive``) and what the replica spent over it. The replica's
-    CPU and busy seconds are read at the window's edges, by a timer thread, so that the
+    CPU and busy seconds are read at the window's edges, by timer threads, so that the
     warm-up and the last requests' tails are not counted."""
     import psutil
 
-    proc, me = psutil.Process(t.pid), psutil.Process()
-    marks: dict[str, tuple[float, float, float]] = {}
+    proc = psutil.Process(t.pid)
+    marks: dict[str, tuple[float, float]] = {}
+    timers: list[threading.Timer] = []
 
     def mark(name: str) -> None:
         cpu = proc.cpu_times()
-        marks[name] = (cpu.user + cpu.system, t.busy_s(), sum(me.cpu_times()[:2]))
+        marks[name] = (cpu.user + cpu.system, t.busy_s())
 
-    timers = [
-        threading.Timer(warmup_s, mark, ("begin",)),
-        threading.Timer(warmup_s + window_s, mark, ("end",)),
-    ]
-    with _GpuSampler(t.gpu_uuid) as gpu:
-        begin = time.perf_counter() + warmup_s
-        end = begin + window_s
+    def on_start(begin: float, end: float) -> None:
+        now = time.perf_counter()
+        timers.extend(
+            threading.Timer(at - now, mark, (name,))
+            for name, at in (("begin", begin), ("end", end))
+        )
         for timer in timers:
             timer.start()
-        latencies, errors = asyncio.run(_drive(t, concurrency, begin, end, timeout_s))
+
+    with _GpuSampler(t.gpu_uuid, t.pid) as gpu:
+        latencies, errors, cpus, begin, end = _run_clients(
+            t, concurrency, warmup_s, window_s, timeout_s, on_start
+        )
         for timer in timers:
             timer.join()
-    (cpu0, busy0, me0), (cpu1, busy1, me1) = marks["begin"], marks["end"]
+    (cpu0, busy0), (cpu1, busy1) = marks["begin"], marks["end"]
     return LoopReading(
         concurrency=concurrency,
         requests=len(latencies),
@@ -131,5 +269,7 @@ def run_window(
         replica_cpu_s=cpu1 - cpu0,
         batch_busy_s=busy1 - busy0,
         gpu_busy_s=gpu.busy_s(begin, end),
-        client_cpu_fraction=(me1 - me0) / (end - begin),
+        client_cpu_fraction=max(cpus) / (end - begin),
+        client_processes=len(cpus),
+        replica_nvml_peak_bytes=gpu.peak_bytes,
     )

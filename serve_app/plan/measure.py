@@ -277,7 +277,8 @@ def measure_app(
             f"plan --measure: {name} at batch {b}: {sat.throughput_rps:.1f} req/s with {conc} "
             f"in flight ({sat.errors} errors), p99 {sat.p99_s or 0:.4f} s; alone p99 "
             f"{idle.p99_s or 0:.4f} s; replica CPU {sat.replica_cpu_s / max(sat.requests, 1):.5f}"
-            f" s/request; client {sat.client_cpu_fraction:.2f} cores"
+            f" s/request; busiest of {sat.client_processes} client processes at "
+            f"{sat.client_cpu_fraction:.2f} of a core"
         )
         if b == measured:  # the replica whose start-up calibrated, after its loads
             import psutil
@@ -285,7 +286,8 @@ def measure_app(
             last = _replica(base, name)
             rss = int(psutil.Process(int(last["pid"])).memory_info().rss)
     if on_gpu:
-        return rd.gpu_memory(first, last, probes, overhead_then), found, last
+        memory = rd.gpu_memory(first, last, probes, overhead_then)
+        return rd.with_serving_peaks(memory, found), found, last
     return rd.cpu_memory(rss), found, last
 
 

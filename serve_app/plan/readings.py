@@ -56,7 +56,9 @@ class LoopReading:
     replica_cpu_s: float  # the replica process's user + system CPU seconds in the window
     batch_busy_s: float  # the replica's model thread busy running batches (its report)
     gpu_busy_s: float | None  # NVML's GPU utilisation integrated over the window; None: none
-    client_cpu_fraction: float  # this process's CPU use over the window (1.0: one core)
+    client_cpu_fraction: float  # the busiest client process's CPU use (1.0: one core, its limit)
+    client_processes: int = 1
+    replica_nvml_peak_bytes: int | None = None  # NVML's bytes of the replica, its peak; None: none
 
     @property
     def throughput_rps(self) -> float:
@@ -132,6 +134,41 @@ def gpu_memory(
             "activation_peak_bytes": "calibration's peak at each batch (its cache entry), "
             "less the overhead and pool then and the weights",
         },
+    )
+
+
+def with_serving_peaks(
+    memory: MemoryFigures, readings: Sequence[CandidateReading]
+) -> MemoryFigures:
+    """``memory`` with each candidate's activation peak raised to what NVML saw the replica hold
+    while it served at that cap, less its context, weights and pool: under load the allocator
+    keeps blocks of several shapes at once, which calibration's one worst-case batch does not
+    show. So a budget from the figures holds every byte the measured replica was seen to hold."""
+    fixed = memory.context_bytes + memory.weights_bytes + memory.graph_pool_bytes
+    peaks = dict(memory.activation_peak_bytes)
+    raised = []
+    for c in readings:
+        seen = [r.replica_nvml_peak_bytes for r in (c.saturation, c.idle)]
+        served = max((b for b in seen if b is not None), default=None)
+        if served is None:
+            continue
+        if served - fixed > peaks.get(c.batch_size, 0):
+            peaks[c.batch_size] = served - fixed
+            raised.append(c.batch_size)
+    if not raised:
+        return memory
+    how = dict(memory.how)
+    how["activation_peak_bytes"] = (
+        f"{memory.how.get('activation_peak_bytes', '')}; at batch caps {sorted(raised)} raised "
+        "to NVML's peak bytes of the replica while it served at that cap, less the context, "
+        "weights and pool"
+    )
+    return MemoryFigures(
+        context_bytes=memory.context_bytes,
+        weights_bytes=memory.weights_bytes,
+        graph_pool_bytes=memory.graph_pool_bytes,
+        activation_peak_bytes=dict(sorted(peaks.items())),
+        how=how,
     )
 
 

@@ -12,12 +12,14 @@ from serve_app.plan.measurements import Measurements, budget_bytes, to_problem
 from serve_app.plan.readings import (
     CandidateReading,
     LoopReading,
+    MemoryFigures,
     calibration_probes,
     cpu_memory,
     gpu_memory,
     measurements_doc,
     model_entry,
     percentile,
+    with_serving_peaks,
 )
 from serve_app.plan.targets import ModelTarget
 
@@ -182,3 +184,33 @@ def test_a_window_with_no_answer_is_refused() -> None:
     idle_none = [CandidateReading(8, loop(10), loop(0, p99_s=None))]
     with pytest.raises(ValueError, match="no request was answered"):
         model_entry(cpu_memory(MIB), idle_none, ModelTarget(p99_target_s=2), 1.0, False, PROV)
+
+
+def test_serving_peaks_raise_an_activation_peak_that_calibration_underestimated() -> None:
+    memory = MemoryFigures(
+        context_bytes=800 * MIB,
+        weights_bytes=130 * MIB,
+        graph_pool_bytes=130 * MIB,
+        activation_peak_bytes={64: 100 * MIB, 128: 200 * MIB, 256: 400 * MIB},
+        how={"activation_peak_bytes": "calibration"},
+    )
+    fixed = 1060 * MIB
+    readings = [
+        # At 256 the replica held 1,500 MiB while it served: 440 MiB of activations, not 400.
+        CandidateReading(256, loop(100, replica_nvml_peak_bytes=1500 * MIB), loop(10)),
+        # At 128 NVML saw less than calibration's figure: calibration's stands.
+        CandidateReading(128, loop(100, replica_nvml_peak_bytes=fixed + 150 * MIB), loop(10)),
+        # At 64 the idle window's sample is the higher one; no NVML at all is no change.
+        CandidateReading(
+            64,
+            loop(100, replica_nvml_peak_bytes=fixed + 90 * MIB),
+            loop(10, replica_nvml_peak_bytes=fixed + 120 * MIB),
+        ),
+    ]
+    got = with_serving_peaks(memory, readings)
+    assert got.activation_peak_bytes == {64: 120 * MIB, 128: 200 * MIB, 256: 440 * MIB}
+    assert "raised to NVML's peak" in got.how["activation_peak_bytes"]
+    assert "[64, 256]" in got.how["activation_peak_bytes"]
+    assert got.context_bytes == memory.context_bytes and got.weights_bytes == memory.weights_bytes
+    # Nothing above calibration (or no NVML reading): the figures are returned as they were.
+    assert with_serving_peaks(memory, [CandidateReading(64, loop(5), loop(5))]) is memory

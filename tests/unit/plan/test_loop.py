@@ -1,0 +1,73 @@
+"""The plan's load loop against a real local HTTP server: spawned aiohttp clients, the window
+on the host's monotonic clock, the client's CPU per process."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from serve_app.plan.loop import Target, client_processes, run_window, split
+
+
+def test_client_processes_take_a_quarter_of_the_cores_within_bounds() -> None:
+    assert client_processes(34, cpu_count=16) == 4
+    assert client_processes(1, cpu_count=16) == 1  # never more than the requests in flight
+    assert client_processes(512, cpu_count=2) == 1
+    assert client_processes(512, cpu_count=128) == 8
+    assert split(34, 4) == [9, 9, 8, 8] and sum(split(7, 3)) == 7
+
+
+class _Ok(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers["content-length"]))
+        status = 500 if self.path == "/fail" else 200
+        self.send_response(status)
+        self.send_header("content-length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _target(url: str) -> Target:
+    busy = iter(range(1000))
+    return Target(
+        url,
+        b'{"input": "x"}',
+        {"content-type": "application/json"},
+        os.getpid(),
+        None,
+        lambda: float(next(busy)),
+    )
+
+
+def test_a_window_counts_answers_latencies_and_the_clients_cpu(server: str) -> None:
+    r = run_window(_target(server + "/ok"), 3, warmup_s=0.2, window_s=0.6)
+    assert r.requests > 10 and r.errors == 0
+    assert r.window_s == pytest.approx(0.6)
+    assert 0 < r.p50_s <= r.p99_s < 1.0
+    assert r.client_processes == 1 and 0.01 < r.client_cpu_fraction < 1.5
+    assert r.batch_busy_s == 1.0  # the report read once at each edge of the window
+    assert r.gpu_busy_s is None and r.replica_nvml_peak_bytes is None  # no GPU given
+
+
+def test_errors_are_counted_not_timed(server: str) -> None:
+    r = run_window(_target(server + "/fail"), 2, warmup_s=0.1, window_s=0.4)
+    assert r.requests == 0 and r.errors > 0 and r.p99_s is None
