@@ -22,6 +22,9 @@ FLAT_BYTES = 100_000_000  # the issue's "100 MB", decimal
 SLOPE_TARGET_MIB_PER_H = 5.0  # issue 29 item 6, per replica
 JUDGED = ("rss", "nvml")  # what `flat` is about; reserved is reported beside them
 METRICS = ("rss", "nvml", "reserved")  # what `slope_ok` is about
+# RSS split as /proc/PID/status splits it (anonymous: the heaps; file: mapped libraries' pages
+# faulted in): reported beside, so that a growing RSS says which kind grows.
+REPORTED = ("rss_anon", "rss_file")
 MIB = 1 << 20
 
 Sample = dict[str, Any]  # {"t_s", "pid", "rss_bytes", "nvml_bytes", "reserved_bytes"}
@@ -112,7 +115,7 @@ def verdict(
         entry: dict[str, Any] = {"pid": pid, "samples_judged": len(rs)}
         if rs:
             entry["judged_s"] = round(rs[-1]["t_s"] - rs[0]["t_s"], 1)
-        for metric in METRICS:
+        for metric in METRICS + REPORTED:
             entry.update(metric_stats(rs, metric))
         replicas.append(entry)
     spreads = [

@@ -57,6 +57,7 @@ from load_tests.reliability.slope import (
     FLAT_BYTES,
     JUDGED,
     METRICS,
+    REPORTED,
     SLOPE_TARGET_MIB_PER_H,
     Sample,
     default_warmup_s,
@@ -104,15 +105,70 @@ def latest_nvml(samples: list[dict[str, Any]], since_unix_s: float) -> dict[int,
 # ---- sampling (I/O) ------------------------------------------------------------------------
 
 
-class Sampler:
-    """Every ``interval_s`` in a thread, a row per live replica process of GET /v1/memory."""
+def rss_parts(pid: int) -> dict[str, int]:
+    """``rss_anon_bytes``, ``rss_file_bytes``, ``rss_shmem_bytes`` of /proc/PID/status ({} where
+    it cannot be read)."""
+    keys = {
+        "RssAnon:": "rss_anon_bytes",
+        "RssFile:": "rss_file_bytes",
+        "RssShmem:": "rss_shmem_bytes",
+    }
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    return {keys[w[0]]: int(w[1]) * 1024 for w in map(str.split, lines) if w and w[0] in keys}
 
-    def __init__(self, memory_url: str, interval_s: float, watch: BudgetWatch | None):
+
+def smaps_rss(pid: int) -> dict[str, int]:
+    """Resident bytes per mapping name of /proc/PID/smaps (a library's path, ``[heap]``,
+    ``[anon]`` for nameless mappings), {} where it cannot be read."""
+    out: dict[str, int] = {}
+    name = "[anon]"
+    try:
+        text = Path(f"/proc/{pid}/smaps").read_text()
+    except OSError:
+        return {}
+    for line in text.splitlines():
+        head = line.split(maxsplit=5)
+        if head and not head[0].endswith(":"):  # a mapping's first line: range perms ... [path]
+            name = head[5].strip() if len(head) == 6 else "[anon]"
+        elif head and head[0] == "Rss:":
+            out[name] = out.get(name, 0) + int(head[1]) * 1024
+    return out
+
+
+def smaps_growth(first: dict[str, int], last: dict[str, int], top: int = 10) -> list[list[Any]]:
+    """The ``top`` mappings whose resident bytes changed most between two smaps_rss readings,
+    as [name, bytes then, bytes now, change], the largest change first."""
+    names = set(first) | set(last)
+    rows = [[n, first.get(n, 0), last.get(n, 0), last.get(n, 0) - first.get(n, 0)] for n in names]
+    rows = [r for r in rows if r[3]]
+    return sorted(rows, key=lambda r: -abs(r[3]))[:top]
+
+
+class Sampler:
+    """Every ``interval_s`` in a thread, a row per live replica process of GET /v1/memory; from
+    ``smaps_after_s`` on, each replica's smaps once then (``smaps_first``) and every
+    SMAPS_EVERY_S after (``smaps_last``), so that the doc can say which mappings grew."""
+
+    SMAPS_EVERY_S = 60.0
+
+    def __init__(
+        self,
+        memory_url: str,
+        interval_s: float,
+        watch: BudgetWatch | None,
+        smaps_after_s: float | None = None,
+    ):
         self.memory_url, self.interval_s, self.watch = memory_url, interval_s, watch
+        self.smaps_after_s = smaps_after_s
         self.t0 = time.monotonic()
         self.rows: list[Sample] = []
         self.replica_ids: dict[int, str] = {}
         self.notes: list[str] = []
+        self.smaps_first: dict[int, tuple[float, dict[str, int]]] = {}
+        self.smaps_last: dict[int, tuple[float, dict[str, int]]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="soak-sampler", daemon=True)
 
@@ -137,7 +193,28 @@ class Sampler:
                 continue
             self.replica_ids[pid] = str(rep.get("replica_id"))
             row = {"t_s": t_s, "pid": pid, "rss_bytes": rss, "nvml_bytes": nvml.get(pid)}
-            self.rows.append({**row, "reserved_bytes": rep.get("reserved_bytes")})
+            self.rows.append({**row, "reserved_bytes": rep.get("reserved_bytes"), **rss_parts(pid)})
+            self._smaps(pid, t_s)
+
+    def _smaps(self, pid: int, t_s: float) -> None:
+        if self.smaps_after_s is None or t_s < self.smaps_after_s:
+            return
+        if pid not in self.smaps_first:
+            self.smaps_first[pid] = (t_s, smaps_rss(pid))
+        elif t_s - self.smaps_last.get(pid, self.smaps_first[pid])[0] >= self.SMAPS_EVERY_S:
+            self.smaps_last[pid] = (t_s, smaps_rss(pid))
+
+    def growth(self) -> dict[str, Any]:
+        """Per replica, the mappings whose resident bytes changed most since the warm-up."""
+        out: dict[str, Any] = {}
+        for pid, (t_last, last) in sorted(self.smaps_last.items()):
+            t_first, first = self.smaps_first[pid]
+            out[str(pid)] = {
+                "from_t_s": t_first,
+                "to_t_s": t_last,
+                "top": smaps_growth(first, last),
+            }
+        return out
 
     def _run(self) -> None:
         while True:
@@ -200,7 +277,7 @@ def plot(path: Path, rows: list[Sample], warmup_s: float) -> bool:
 def print_verdict(v: dict[str, Any]) -> None:
     for e in v["replicas"]:
         parts = [f"pid {e['pid']} ({e['samples_judged']} samples, {e.get('judged_s', 0)} s)"]
-        for m in METRICS:
+        for m in METRICS + REPORTED:
             spread, slope = e[f"{m}_spread_bytes"], e[f"{m}_slope_mib_per_h"]
             if spread is not None:
                 err = e[f"{m}_slope_stderr_mib_per_h"]
@@ -332,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
             "chunks": chunks,
             "replica_ids": {str(pid): rid for pid, rid in pids.items()},
             "sampler_notes": sampler.notes[:50] if sampler else [],
+            # [mapping, resident bytes at the end of warm-up, at the last reading, change]
+            "smaps_growth": sampler.growth() if sampler else {},
             "samples": rows,
         }
 
@@ -356,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
             f"deployed in {meta['startup_s']} s; peak {peak:.1f} req/s, soak at {rate:.1f}",
             flush=True,
         )
-        sampler = Sampler(memory_url, a.sample_s, watch).start()
+        sampler = Sampler(memory_url, a.sample_s, watch, smaps_after_s=warmup_s).start()
         while (left_s := a.duration_s - (time.monotonic() - sampler.t0)) > 1.0:
             start_s, chunk_s = time.monotonic() - sampler.t0, min(a.chunk_s, left_s)
             outcomes = open_loop(target.url, rate, chunk_s, body, processes)

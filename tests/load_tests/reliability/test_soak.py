@@ -61,3 +61,25 @@ def test_replica_env_adds_env_vars_and_refuses_a_bare_word(capsys) -> None:
     with pytest.raises(SystemExit):
         soak.parse_args(["--replica-env", "MALLOC_ARENA_MAX"])
     assert "expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_rss_parts_and_smaps_read_this_process() -> None:
+    import os
+
+    parts = soak.rss_parts(os.getpid())
+    assert parts["rss_anon_bytes"] > 0 and parts["rss_file_bytes"] > 0
+    maps = soak.smaps_rss(os.getpid())
+    assert any(name.endswith(".so") or ".so." in name for name in maps), sorted(maps)[:5]
+    assert sum(maps.values()) >= parts["rss_anon_bytes"]
+    assert soak.rss_parts(-1) == {} and soak.smaps_rss(-1) == {}
+
+
+def test_smaps_growth_lists_the_largest_changes_first() -> None:
+    first = {"[heap]": 100, "/lib/libcublasLt.so.13": 1000, "[anon]": 50, "same": 7}
+    last = {"[heap]": 90, "/lib/libcublasLt.so.13": 5000, "[anon]": 80, "same": 7, "new": 20}
+    got = soak.smaps_growth(first, last, top=3)
+    assert got == [
+        ["/lib/libcublasLt.so.13", 1000, 5000, 4000],
+        ["[anon]", 50, 80, 30],
+        ["new", 0, 20, 20],
+    ]
