@@ -45,6 +45,13 @@ class GpuMemory:
     used_bytes: int
     reserved_bytes: int = 0
 
+    @property
+    def cuda_total_bytes(self) -> int:
+        """The total a process's CUDA reports (``cudaMemGetInfo``, torch's ``total_memory``):
+        NVML's total less what the driver reserves. A replica's budget is its share of this
+        figure, so a share derived from NVML must be derived from it too."""
+        return self.total_bytes - self.reserved_bytes
+
 
 class ReadingSource(Protocol):
     """Where readings come from: the driver, or a script in tests (``scripted`` True)."""

@@ -233,8 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         "--gpu-memory",
         action="append",
         metavar="[TYPE=|GPU-UUID=]BYTES",
-        help="the memory of the GPUs a memory.budget is a share of (e.g. 150754820096, 141GiB, "
-        "H200=141GiB); default: this host's GPUs through NVML (docs/planning.md)",
+        help="the memory of the GPUs a memory.budget is a share of, as CUDA reports it (torch's "
+        "total_memory; e.g. 150109880320 for an H200, H200=150109880320); default: this host's "
+        "GPUs through NVML, its total less the driver's reserve (docs/planning.md)",
     )
     check.add_argument(
         "--write-shares",

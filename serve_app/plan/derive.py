@@ -62,7 +62,8 @@ def facts_from_nvml() -> GpuFacts:
     found = nvml.value(nvml.all_devices()) or []
     if not found:
         return GpuFacts(source="NVML: no GPU")
-    totals = {d.uuid: d.total_bytes for d in found}
+    # The total a replica's share is taken of (torch's total_memory), not NVML's larger total.
+    totals = {d.uuid: d.cuda_total_bytes for d in found}
     return GpuFacts(min(totals.values()), totals, {}, f"NVML: {len(found)} GPU(s) on this host")
 
 

@@ -314,7 +314,7 @@ def gpu_spec(report: dict[str, Any]) -> dict[str, Any]:
         name = named[1] if named else uuid
         return {
             "name": name,
-            "total_bytes": total.total_bytes,
+            "total_bytes": total.cuda_total_bytes,  # what a replica's share is taken of
             "cores": cores / count,
             "count": count,
         }

@@ -142,3 +142,25 @@ def test_serve_app_run_on_a_host_without_a_gpu_drops_the_budget_and_says_so() ->
     assert "budget" not in doc["applications"][0]["args"]["memory"]
     assert notes == ["no GPU: emb's memory.budget is ignored on the CPU"]
     assert check_deploy_config(doc) == []
+
+
+def test_nvml_facts_are_cudas_total_not_nvmls(tmp_path: Path) -> None:
+    """A replica's budget is its share of torch's total_memory, which is NVML's total less the
+    driver's reserve (on the H200: 150,754,820,096 less 644,939,776): a share derived from
+    NVML's larger total held less than the budget there, and the replica refused to start."""
+    import json
+
+    from serve_app.gpu import nvml
+    from serve_app.plan.derive import facts_from_nvml
+    from serve_app.testing.nvml import ScriptedSource
+
+    uuid = "GPU-00000000-0000-4000-8000-000000000001"
+    script = tmp_path / "nvml.json"
+    figures = {"total_bytes": 150_754_820_096, "reserved_bytes": 644_939_776, "free_bytes": 1 << 30}
+    script.write_text(json.dumps({"devices": {uuid: figures}}))
+    nvml.set_source(ScriptedSource(script))
+    try:
+        facts = facts_from_nvml()
+    finally:
+        nvml.set_source(None)
+    assert facts.smallest_bytes == 150_109_880_320

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "planning" / "rag-stack-measurements.json"
 COMMITTED = ROOT / "examples" / "planning" / "rag-stack-plan"
 RAG = ROOT / "configs" / "rag-stack.yaml"
-H200 = "150754820096"
+H200 = "150109880320"  # CUDA's total of an H200 (NVML's less the driver's reserve)
 
 
 def test_the_written_config_passes_serve_app_check(tmp_path: Path) -> None:

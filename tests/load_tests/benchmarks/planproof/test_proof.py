@@ -32,16 +32,16 @@ CPUS = {
 
 
 def test_the_naive_config_of_the_h200_example_plan() -> None:
-    # The plan: 7 + 2 + 1 + 1 replicas holding 987 share units, 12 cores of 12. Equal replicas:
-    # 3 each would need 3 x (1 + 1 + 1 + 2) = 15 cores; 2 each need 10, and 987 // 8 = 123 units
-    # (1.85 GB of the H200) hold every model's budget (at most 91 units).
-    assert naive_counts(PLAN, CPUS) == (2, 123)
+    # The plan: 7 + 2 + 1 + 1 replicas holding 998 share units, 12 cores of 12. Equal replicas:
+    # 3 each would need 3 x (1 + 1 + 1 + 2) = 15 cores; 2 each need 10, and 998 // 8 = 124 units
+    # (1.86 GB of the H200) hold every model's budget (at most 92 units).
+    assert naive_counts(PLAN, CPUS) == (2, 124)
     naive, notes = naive_config(PLANNED, PLAN, CPUS)
     apps = naive["applications"]
     assert [a["name"] for a in apps] == ["embeddings", "rerank", "classify-text", "classify-images"]
     for app, planned in zip(apps, PLANNED["applications"], strict=True):
         dep = app["deployments"][0]
-        assert dep["num_replicas"] == 2 and dep["ray_actor_options"]["num_gpus"] == 0.0123
+        assert dep["num_replicas"] == 2 and dep["ray_actor_options"]["num_gpus"] == 0.0124
         assert (
             dep["ray_actor_options"]["num_cpus"]
             == planned["deployments"][0]["ray_actor_options"]["num_cpus"]
@@ -51,7 +51,7 @@ def test_the_naive_config_of_the_h200_example_plan() -> None:
         assert planned["args"]["memory"]["budget"] > 0  # the plan's config untouched
     assert check_deploy_config(naive, gpus=1) == []
     assert (
-        "2 replica(s) of each of the 4 models" in notes[0] and "984 of the plan's 987" in notes[0]
+        "2 replica(s) of each of the 4 models" in notes[0] and "992 of the plan's 998" in notes[0]
     )
 
 
