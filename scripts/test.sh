@@ -14,12 +14,40 @@ export RAY_AUTH_MODE=token RAY_AUTH_TOKEN="${RAY_AUTH_TOKEN:-$(python3 -c "impor
 echo "== ruff"; .venv/bin/ruff check serve_app tests load_tests benchmarks research examples
 echo "== mypy"; .venv/bin/mypy serve_app
 echo "== pytest"
-set +e
-.venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
-code=$?
-set -e
-if [ "$code" -eq 5 ]; then
-  echo "pytest collected no tests: that is a failure" >&2
-  exit 1
+if [ "$#" -gt 0 ]; then  # tests named on the command line: one pytest, as given
+  set +e
+  .venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
+  code=$?
+  set -e
+  if [ "$code" -eq 5 ]; then
+    echo "pytest collected no tests: that is a failure" >&2
+    exit 1
+  fi
+  exit "$code"
 fi
-exit "$code"
+# The whole suite as two pytest runs side by side (CI has 2 cores, and the integration tests
+# wait on Ray more than they compute): the tests on the session's Ray cluster (marked
+# ray_session by tests/conftest.py) in one, in file order as alone; the unit tests and the
+# commands that start a Ray of their own in the other. Each has its own short basetemp
+# (HAProxy's socket paths must stay under 98 bytes). Both logs are printed whole, in turn.
+work=$(mktemp -d /tmp/sa-ci-XXXXXX)
+set +e
+.venv/bin/python -m pytest -p no:cacheprovider --durations=15 --basetemp "$work/s" \
+  -m ray_session > "$work/session.log" 2>&1 &
+session_pid=$!
+.venv/bin/python -m pytest -p no:cacheprovider --durations=15 --basetemp "$work/r" \
+  -m "not ray_session" > "$work/rest.log" 2>&1 &
+rest_pid=$!
+wait "$session_pid"; session_code=$?
+wait "$rest_pid"; rest_code=$?
+set -e
+echo "== pytest: the tests on the session's Ray cluster (exit $session_code)"; cat "$work/session.log"
+echo "== pytest: the rest (exit $rest_code)"; cat "$work/rest.log"
+rm -rf "$work"
+for code in "$session_code" "$rest_code"; do
+  if [ "$code" -eq 5 ]; then
+    echo "a pytest run collected no tests: that is a failure" >&2
+    exit 1
+  fi
+done
+[ "$session_code" -eq 0 ] && [ "$rest_code" -eq 0 ]

@@ -238,7 +238,9 @@ def test_128_huge_pngs_are_refused_fast_and_a_neighbour_is_served(
         beside = neighbour.result()
     err = assert_json_error(resp, 413)
     assert err["code"] == "request_pixels_exceeded" and "args.max_request_pixels" in err["message"]
-    assert took_s < 1.0, took_s  # from the headers: decoding them took 21 s of CPU
+    # From the headers: decoding them took 21 s of CPU, so a refusal in a quarter of that read
+    # no pixels (the bound leaves room for a suite run beside another on 2 cores).
+    assert took_s < 5.0, took_s
     assert beside.status_code == 200, beside.text[:500]
     assert len(beside.json()["data"]) == 8
 
