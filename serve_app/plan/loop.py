@@ -1,7 +1,8 @@
 """One closed-loop window against one replica through the HTTP ingress, with what the replica
 spent over it: its process's CPU seconds (psutil), its model thread's busy seconds (its report),
 the GPU's busy seconds (NVML's utilisation, sampled) and the replica's GPU bytes (NVML, its
-peak). ``serve-app plan --measure`` runs one at saturation and one at a low load per batch cap.
+peak); and the CPU seconds of the ingress's processes (serve_app.plan.ingress). ``serve-app
+plan --measure`` runs one at saturation and one at a low load per batch cap.
 
 The client is aiohttp (Ray Serve's own HTTP client library, so no new dependency) in spawned
 processes of their own, each an event loop with its share of the connections: one asyncio
@@ -15,11 +16,12 @@ import multiprocessing as mp
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from serve_app.plan import ingress as ing
 from serve_app.plan.readings import LoopReading, percentile
 
 NVML_SAMPLE_S = 0.1  # the driver updates utilisation every 1/6 s to 1 s, by GPU
@@ -36,6 +38,8 @@ class Target:
     pid: int
     gpu_uuid: str | None
     busy_s: Callable[[], float]  # the replica's batch_busy_s, from its report
+    # The ingress's processes and their CPU seconds, now (ingress.snapshot); None: not read.
+    ingress: Callable[[], Mapping[int, ing.ProcCpu]] | None = None
 
 
 def client_processes(concurrency: int, cpu_count: int | None = None) -> int:
@@ -231,15 +235,18 @@ def run_window(
     t: Target, concurrency: int, warmup_s: float, window_s: float, timeout_s: float = 30.0
 ) -> LoopReading:
     """One closed-loop window (see ``_drive``) and what the replica spent over it. The replica's
-    CPU and busy seconds are read at the window's edges, by timer threads, so that the
-    warm-up and the last requests' tails are not counted."""
+    CPU and busy seconds, and the ingress's CPU seconds, are read at the window's edges, by
+    timer threads, so that the warm-up and the last requests' tails are not counted."""
     import psutil
 
     proc = psutil.Process(t.pid)
     marks: dict[str, tuple[float, float]] = {}
+    ingress: dict[str, tuple[float, Mapping[int, ing.ProcCpu]]] = {}
     timers: list[threading.Timer] = []
 
     def mark(name: str) -> None:
+        if t.ingress is not None:
+            ingress[name] = (time.time(), t.ingress())
         cpu = proc.cpu_times()
         marks[name] = (cpu.user + cpu.system, t.busy_s())
 
@@ -259,6 +266,10 @@ def run_window(
         for timer in timers:
             timer.join()
     (cpu0, busy0), (cpu1, busy1) = marks["begin"], marks["end"]
+    front = ing.IngressCpu({}, {}, 0)
+    if ingress:
+        (start_s, before), (_, after) = ingress["begin"], ingress["end"]
+        front = ing.delta(before, after, start_s)
     return LoopReading(
         concurrency=concurrency,
         requests=len(latencies),
@@ -272,4 +283,8 @@ def run_window(
         client_cpu_fraction=max(cpus) / (end - begin),
         client_processes=len(cpus),
         replica_nvml_peak_bytes=gpu.peak_bytes,
+        ingress_cpu_s=front.cpu_s,
+        ingress_cpu_s_by_kind=front.cpu_s_by_kind,
+        ingress_processes_by_kind=front.processes_by_kind,
+        ingress_processes_lost=front.lost,
     )

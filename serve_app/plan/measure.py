@@ -11,7 +11,8 @@ when there is none):
    after start-up and after the loads gives the rest (serve_app.plan.readings);
 2. at each candidate batch cap (targets.candidate_batch_sizes; the smaller ones redeployed
    with that cap and calibration off), a closed loop at saturation, then one request at a time
-   (serve_app.plan.loop).
+   (serve_app.plan.loop), reading the CPU of the replica and of the ingress (HAProxy, Ray's
+   proxy: serve_app.plan.ingress) at the saturated window's edges.
 """
 
 from __future__ import annotations
@@ -202,10 +203,15 @@ class _Cluster:
 
 
 def _window_target(base: str, report: dict[str, Any], body: bytes, ctype: str) -> Any:
+    from functools import partial
+
     from serve_app import env
+    from serve_app.plan import ingress
     from serve_app.plan.loop import Target
+    from serve_app.startup import ray_compat
 
     name = report["application"]
+    session = ray_compat.session_dir()  # None: no ingress read, and model_entry refuses
     key = next(iter(env.api_keys()), None)
     headers = {"content-type": ctype} | ({"authorization": f"Bearer {key}"} if key else {})
     return Target(
@@ -215,6 +221,7 @@ def _window_target(base: str, report: dict[str, Any], body: bytes, ctype: str) -
         pid=int(report["pid"]),
         gpu_uuid=report.get("gpu_uuid") if report.get("gpu_mode") == "cuda" else None,
         busy_s=lambda: float(_replica(base, name)["batch_busy_s"]),
+        ingress=partial(ingress.snapshot, session) if session else None,
     )
 
 
@@ -277,8 +284,9 @@ def measure_app(
             f"plan --measure: {name} at batch {b}: {sat.throughput_rps:.1f} req/s with {conc} "
             f"in flight ({sat.errors} errors), p99 {sat.p99_s or 0:.4f} s; alone p99 "
             f"{idle.p99_s or 0:.4f} s; replica CPU {sat.replica_cpu_s / max(sat.requests, 1):.5f}"
-            f" s/request; busiest of {sat.client_processes} client processes at "
-            f"{sat.client_cpu_fraction:.2f} of a core"
+            f" s/request, ingress CPU {sat.ingress_cpu_s / max(sat.requests, 1):.5f} s/request "
+            f"{sat.ingress_processes_by_kind}; busiest of {sat.client_processes} client "
+            f"processes at {sat.client_cpu_fraction:.2f} of a core"
         )
         if b == measured:  # the replica whose start-up calibrated, after its loads
             import psutil

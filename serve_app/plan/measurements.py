@@ -34,7 +34,9 @@ class GpuSpec(_Strict):
 
 class ReserveSpec(_Strict):
     memory_bytes: int = Field(default=0, ge=0, description="per GPU, kept free of budgets")
-    cores: float = Field(default=0.0, ge=0, description="per GPU: HAProxy, Ray, the OS")
+    cores: float = Field(
+        default=0.0, ge=0, description="per GPU: Ray, the OS, an unmeasured ingress"
+    )
     gpu_time: float = Field(default=0.0, ge=0, lt=1, description="per GPU, a fraction")
 
 
@@ -52,6 +54,9 @@ class ModelSpec(_Strict):
     activation_peak_bytes: dict[int, int] = Field(description="batch size -> peak bytes")
     candidates: list[CandidateSpec] = Field(min_length=1)
     cpu_s_per_request: float = Field(gt=0, description="CPU seconds one request costs")
+    ingress_cpu_s_per_request: float = Field(
+        default=0.0, ge=0, description="CPU seconds one request costs the ingress (HAProxy)"
+    )
     num_cpus: float = Field(default=1.0, gt=0)
     p99_target_s: float = Field(gt=0)
     load_rps: float | None = Field(default=None, gt=0, description="stated load; null: weight")
@@ -120,6 +125,7 @@ def to_problem(m: Measurements) -> Problem:
                 min_replicas=spec.min_replicas,
                 max_replicas=spec.max_replicas,
                 num_cpus=spec.num_cpus,
+                ingress_cpu_s_per_request=spec.ingress_cpu_s_per_request,
             )
         )
     gpus = tuple(Gpu(g.name, g.total_bytes, g.cores) for g in m.gpus for _ in range(g.count))

@@ -59,6 +59,13 @@ class LoopReading:
     client_cpu_fraction: float  # the busiest client process's CPU use (1.0: one core, its limit)
     client_processes: int = 1
     replica_nvml_peak_bytes: int | None = None  # NVML's bytes of the replica, its peak; None: none
+    # The ingress's processes (HAProxy, Ray's proxy: serve_app.plan.ingress), user + system CPU
+    # seconds over the window, in all and by kind; how many of each were read, and how many
+    # exited inside the window (their last seconds lost).
+    ingress_cpu_s: float = 0.0
+    ingress_cpu_s_by_kind: dict[str, float] = field(default_factory=dict)
+    ingress_processes_by_kind: dict[str, int] = field(default_factory=dict)
+    ingress_processes_lost: int = 0
 
     @property
     def throughput_rps(self) -> float:
@@ -218,6 +225,12 @@ def model_entry(
     bad = [c.batch_size for c in readings if not (c.saturation.requests and c.idle.requests)]
     if bad:
         raise ValueError(f"no request was answered in a window at batch sizes {bad}")
+    blind = [c.batch_size for c in readings if not c.saturation.ingress_processes_by_kind]
+    if blind:
+        raise ValueError(
+            f"no ingress process (HAProxy, Ray's proxy) was read over the windows at batch sizes "
+            f"{blind}: the ingress's CPU cannot be charged"
+        )
     peaks = dict(memory.activation_peak_bytes) or {c.batch_size: 0 for c in readings}
     cands, how_gpu = [], ""
     for c in readings:
@@ -231,6 +244,8 @@ def model_entry(
             }
         )
     cpu_s = min(c.saturation.replica_cpu_s / c.saturation.requests for c in readings)
+    ingress_s = min(c.saturation.ingress_cpu_s / c.saturation.requests for c in readings)
+    kinds = sorted({k for c in readings for k in c.saturation.ingress_processes_by_kind})
     sat = ", ".join(f"{c.saturation.concurrency} at {c.batch_size}" for c in readings)
     sources = {k: f"{provenance}: {v}" for k, v in memory.how.items()}
     sources |= {
@@ -241,6 +256,10 @@ def model_entry(
         "cpu_s_per_request": f"{provenance}: the replica process's CPU seconds (psutil "
         "cpu_times, user + system) over the saturated window per request, the least of the "
         "batch sizes",
+        "ingress_cpu_s_per_request": f"{provenance}: the CPU seconds (psutil cpu_times, user + "
+        "system) of the Ray session's ingress processes (HAProxy's and Ray's ProxyActor, by name "
+        f"below the session's raylet; read: {', '.join(kinds)}) over the saturated window per "
+        "request, the least of the batch sizes",
         "p99_target_s": "the targets file",
     }
     entry = {
@@ -250,6 +269,7 @@ def model_entry(
         "activation_peak_bytes": {str(n): b for n, b in sorted(peaks.items())},
         "candidates": cands,
         "cpu_s_per_request": cpu_s,
+        "ingress_cpu_s_per_request": ingress_s,
         "num_cpus": num_cpus,
         "p99_target_s": target.p99_target_s,
         "weight": target.weight,

@@ -8,7 +8,8 @@ and the properties in tests/unit/plan/test_solver.py hold by construction:
 
 - memory: on each GPU the shares, in Ray's unit (1/10000 of a GPU), fit the GPU less its
   reserve; a share is the model's budget in bytes over the smallest GPU, rounded up;
-- cores: the replicas' ``num_cpus`` fit the GPU's cores less their reserve;
+- cores: the replicas' ``num_cpus``, plus the ingress's CPU (the rate the GPU's replicas carry
+  times each model's ``ingress_cpu_s_per_request``), fit the GPU's cores less their reserve;
 - GPU time: the requests each GPU serves, times each model's GPU seconds per request, fit one
   second per second less a reserve (time-slicing; under MPS kernels overlap, so it is a bound);
 - p99: a model's load, split evenly over its replicas (as HAProxy does), keeps each replica at
@@ -69,6 +70,7 @@ class ModelAsk:
     min_replicas: int = 1
     max_replicas: int = 64
     num_cpus: float = 1.0
+    ingress_cpu_s_per_request: float = 0.0  # HAProxy's (and Ray's proxy's) CPU a request costs
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,8 @@ class GpuUse:
     units_cap: int
     memory_bytes: int  # what the replicas' budgets hold on this GPU
     memory_cap_bytes: int
-    cores: float
+    cores: float  # the replicas' num_cpus
+    ingress_cores: float  # the ingress's CPU for the requests this GPU's replicas carry
     cores_cap: float
     gpu_time: float
     gpu_time_cap: float
@@ -221,8 +224,12 @@ def solve(problem: Problem) -> Plan:
                 mem[j] = share_units(cand.budget_bytes, smallest)
                 cores[j] = m.num_cpus
                 busy[var("x", i, c, g)] = cand.gpu_s_per_request
+                if m.ingress_cpu_s_per_request > 0:
+                    cores[var("x", i, c, g)] = m.ingress_cpu_s_per_request
         rows.append((mem, -np.inf, units_cap(gpu, reserve.memory_bytes)))
-        rows.append((cores, -np.inf, gpu.cores - reserve.cores + 1e-9))
+        # With the ingress's rates on the row, a hair under the cap, as GPU time's below.
+        hair = 1e-5 if any(m.ingress_cpu_s_per_request > 0 for m in models) else -1e-9
+        rows.append((cores, -np.inf, gpu.cores - reserve.cores - hair))
         # A hair under the cap: HiGHS keeps rows within 1e-6, the plan must keep the cap itself.
         rows.append((busy, -np.inf, 1.0 - reserve.gpu_time - 1e-5))
     gain = np.zeros(n)
@@ -264,11 +271,17 @@ def _why_infeasible(problem: Problem) -> str:
         for m in problem.models
     )
     room = ", ".join(f"{g.name} ({g.total_bytes:,} bytes, {g.cores:g} cores)" for g in problem.gpus)
+    costs = [
+        f"{m.name} {m.ingress_cpu_s_per_request:g}"
+        for m in problem.models
+        if m.ingress_cpu_s_per_request > 0
+    ]
+    ingress = f", with the ingress's CPU s a request on the cores ({', '.join(costs)})"
     return (
         f"no plan fits: {asks}; on {room}, less the reserve "
         f"({problem.reserve.memory_bytes:,} bytes, {problem.reserve.cores:g} cores, "
-        f"{problem.reserve.gpu_time:g} of GPU time) per GPU. Lower a load or a minimum, raise a "
-        "p99 target, or add GPUs"
+        f"{problem.reserve.gpu_time:g} of GPU time) per GPU{ingress if costs else ''}. Lower a "
+        "load or a minimum, raise a p99 target, or add GPUs"
     )
 
 
@@ -302,6 +315,9 @@ def _read_plan(
         units = sum(p.share_units * p.replicas[g] for p in plans)
         mem = sum(int(p.share_units / UNITS * gpu.total_bytes) * p.replicas[g] for p in plans)
         cores = sum(m.num_cpus * p.replicas[g] for m, p in zip(problem.models, plans, strict=True))
+        ingress = sum(
+            r[g] * m.ingress_cpu_s_per_request for r, m in zip(rates, problem.models, strict=True)
+        )
         busy = sum(r[g] * p.candidate.gpu_s_per_request for r, p in zip(rates, plans, strict=True))
         even = sum(
             p.throughput_rps
@@ -323,11 +339,12 @@ def _read_plan(
                 memory_bytes=mem,
                 memory_cap_bytes=gpu.total_bytes - problem.reserve.memory_bytes,
                 cores=cores,
+                ingress_cores=ingress,
                 cores_cap=caps[1],
                 gpu_time=busy,
                 gpu_time_cap=caps[2],
                 gpu_time_even_split=even,
-                binds=_binds(problem, plans, units, cores, busy, caps),
+                binds=_binds(problem, plans, units, cores + ingress, busy, caps),
             )
         )
     objective = sum(m.weight * p.throughput_rps for m, p in zip(problem.models, plans, strict=True))
@@ -362,8 +379,8 @@ def _binds(
     busy: float,
     caps: tuple[int, float, float],
 ) -> tuple[str, ...]:
-    """The resources of a GPU that would refuse one more replica of any model (memory, cores),
-    and GPU time when it is spent (within a thousandth)."""
+    """The resources of a GPU that would refuse one more replica of any model (memory; cores,
+    the ingress's among them), and GPU time when it is spent (within a thousandth)."""
     binds = []
     if all(units + p.share_units > caps[0] for p in plans):
         binds.append("memory")

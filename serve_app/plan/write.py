@@ -102,6 +102,7 @@ def _plan_doc(plan: Plan, measurements: Measurements) -> dict[str, Any]:
                 "share_units": u.units,
                 "share_units_cap": u.units_cap,
                 "cores": u.cores,
+                "ingress_cores": u.ingress_cores,
                 "cores_cap": u.cores_cap,
                 "gpu_time": u.gpu_time,
                 "gpu_time_even_split": u.gpu_time_even_split,
@@ -143,19 +144,31 @@ def report_markdown(plan: Plan, measurements: Measurements, config_name: str) ->
         )
     lines += [
         "",
-        "| GPU | memory held (of the room less the reserve) | shares (of 1) | cores | GPU time "
-        "(even split) | binds |",
+        "| GPU | memory held (of the room less the reserve) | shares (of 1) | cores: replicas "
+        "+ ingress | GPU time (even split) | binds |",
         "|---|---|---|---|---|---|",
     ]
     for g, u in enumerate(plan.gpus):
+        binds = [
+            f"cores (the ingress {u.ingress_cores:.2f} of them)"
+            if b == "cores" and u.ingress_cores > 0
+            else b
+            for b in u.binds
+        ]
         lines.append(
             f"| {g}: {u.gpu.name} "
             f"| {u.memory_bytes / GIB:.1f} of {u.memory_cap_bytes / GIB:.1f} GiB "
-            f"| {u.units / 10_000:g} of {u.units_cap / 10_000:g} | {u.cores:g} of {u.cores_cap:g} "
+            f"| {u.units / 10_000:g} of {u.units_cap / 10_000:g} "
+            f"| {u.cores:g} + {u.ingress_cores:.2f} of {u.cores_cap:g} "
             f"| {u.gpu_time:.2f} ({u.gpu_time_even_split:.2f}) of {u.gpu_time_cap:.2f} "
-            f"| {', '.join(u.binds) or 'nothing'} |"
+            f"| {', '.join(binds) or 'nothing'} |"
         )
     lines += ["", "Assumptions and sources: see the measurements file's `sources` and `notes`."]
+    if not any(spec.ingress_cpu_s_per_request for spec in measurements.models.values()):
+        lines.append(
+            "- The ingress (HAProxy, Ray's proxy) is charged no cores: no model has an "
+            "`ingress_cpu_s_per_request`, so the reserve must hold it."
+        )
     lines += [f"- {n}" for n in measurements.notes]
     return "\n".join(lines) + "\n"
 

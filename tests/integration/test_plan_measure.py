@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from serve_app.plan.measurements import load_measurements
@@ -45,10 +46,17 @@ def test_measure_a_tiny_config_on_the_cpu_then_plan(tmp_path: Path) -> None:
     for c in spec.candidates:
         assert c.throughput_rps > 1 and 0 < c.p99_idle_s < 2 and c.gpu_s_per_request == 0
     assert 0 < spec.cpu_s_per_request < 1
+    assert 0 < spec.ingress_cpu_s_per_request < 1  # HAProxy's and Ray's proxy's CPU
     assert spec.weights_bytes > 50 << 20  # the replica's RSS stands in on the CPU
     assert spec.activation_peak_bytes == {2: 0, 4: 0} and spec.context_bytes == 0
     assert spec.load_rps == 5 and spec.max_replicas == 2 and spec.p99_target_s == 2.0
-    for field in ("throughput_rps", "cpu_s_per_request", "weights_bytes", "gpu_s_per_request"):
+    for field in (
+        "throughput_rps",
+        "cpu_s_per_request",
+        "ingress_cpu_s_per_request",
+        "weights_bytes",
+        "gpu_s_per_request",
+    ):
         assert spec.sources[field].startswith(PROV), (field, spec.sources[field])
 
     raw = json.loads((out / "readings.json").read_text())
@@ -57,6 +65,12 @@ def test_measure_a_tiny_config_on_the_cpu_then_plan(tmp_path: Path) -> None:
     for w in windows:
         assert w["saturation"]["errors"] == 0 and w["idle"]["errors"] == 0, w
         assert w["saturation"]["concurrency"] == 4 and w["idle"]["concurrency"] == 1
+        # This cluster's HAProxy (and Ray's proxy, idle beside it) read at the window's edges.
+        sat = w["saturation"]
+        assert sat["ingress_processes_by_kind"].get("haproxy", 0) >= 1, sat
+        assert sat["ingress_cpu_s_by_kind"]["haproxy"] > 0, sat
+        per_request = sat["ingress_cpu_s"] / sat["requests"]
+        assert per_request >= spec.ingress_cpu_s_per_request  # the least of the caps is charged
 
     # The plan, solved from what was measured.
     plan = json.loads((out / "plan.json").read_text())
@@ -66,3 +80,5 @@ def test_measure_a_tiny_config_on_the_cpu_then_plan(tmp_path: Path) -> None:
     dep = written["applications"][0]["deployments"][0]
     assert dep["num_replicas"] == sum(planned["replicas_per_gpu"])
     assert written["applications"][0]["args"]["max_batch_size"] == planned["batch_size"]
+    (gpu,) = plan["gpus"]  # the ingress's cores charged for the load the plan carries
+    assert gpu["ingress_cores"] == pytest.approx(5 * spec.ingress_cpu_s_per_request, rel=1e-4)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from serve_app.plan import ingress
 from serve_app.plan.loop import Target, client_processes, run_window, split
 
 
@@ -46,7 +47,7 @@ def server() -> Iterator[str]:
     httpd.server_close()
 
 
-def _target(url: str) -> Target:
+def _target(url: str, reader: Callable[[], Mapping[int, ingress.ProcCpu]] | None = None) -> Target:
     busy = iter(range(1000))
     return Target(
         url,
@@ -55,6 +56,7 @@ def _target(url: str) -> Target:
         os.getpid(),
         None,
         lambda: float(next(busy)),
+        reader,
     )
 
 
@@ -66,6 +68,17 @@ def test_a_window_counts_answers_latencies_and_the_clients_cpu(server: str) -> N
     assert r.client_processes == 1 and 0.01 < r.client_cpu_fraction < 1.5
     assert r.batch_busy_s == 1.0  # the report read once at each edge of the window
     assert r.gpu_busy_s is None and r.replica_nvml_peak_bytes is None  # no GPU given
+    assert r.ingress_cpu_s == 0 and r.ingress_processes_by_kind == {}  # no ingress given
+
+
+def test_the_ingress_processes_cpu_is_read_at_the_windows_edges(server: str) -> None:
+    # The HTTP server answering is this process: read as the ingress, it spent CPU seconds.
+    here = {os.getpid(): ingress.HAPROXY}
+    r = run_window(_target(server + "/ok", lambda: ingress.read(here)), 3, 0.2, 0.6)
+    assert r.requests > 10 and r.errors == 0
+    assert r.ingress_processes_by_kind == {"haproxy": 1} and r.ingress_processes_lost == 0
+    assert r.ingress_cpu_s == r.ingress_cpu_s_by_kind["haproxy"] > 0
+    assert r.ingress_cpu_s <= (os.cpu_count() or 1) * (r.window_s + 0.1)  # at most every core
 
 
 def test_errors_are_counted_not_timed(server: str) -> None:

@@ -65,6 +65,30 @@ def test_a_budget_is_context_weights_pool_and_the_batch_peak_plus_the_margin() -
     assert to_problem(m).models[0].candidates[0].budget_bytes == budget_bytes(emb, 32, 0.1)
 
 
+def test_an_ingress_cost_is_charged_to_the_cores_and_shown(tmp_path: Path) -> None:
+    # The example has no ingress figure: charged nothing, and the report says so.
+    assert all(
+        a.ingress_cpu_s_per_request == 0 for a in to_problem(load_measurements(EXAMPLE)).models
+    )
+    assert "charged no cores" in (COMMITTED / "plan.md").read_text()
+    doc = json.loads(EXAMPLE.read_text())
+    for model in doc["models"].values():
+        model["ingress_cpu_s_per_request"] = 0.0005  # an illustration, not a measurement
+    costly = tmp_path / "m.json"
+    costly.write_text(json.dumps(doc))
+    out = tmp_path / "plan"
+    assert main(["plan", str(RAG), "--measurements", str(costly), "--out", str(out)]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    (gpu,) = plan["gpus"]
+    served = sum(m["predicted_throughput_rps"] for m in plan["models"])
+    assert gpu["ingress_cores"] == pytest.approx(0.0005 * served, rel=1e-4)  # 6 digits written
+    assert gpu["cores"] + gpu["ingress_cores"] <= gpu["cores_cap"] + 1e-9
+    free = json.loads((COMMITTED / "plan.json").read_text())
+    assert plan["objective_rps"] < free["objective_rps"]  # the ingress took replicas' cores
+    report = (out / "plan.md").read_text()
+    assert f"+ {gpu['ingress_cores']:.2f} of 12 |" in report and "charged no cores" not in report
+
+
 def test_a_bad_measurements_file_names_the_field(tmp_path: Path) -> None:
     doc = json.loads(EXAMPLE.read_text())
     doc["models"]["rerank"]["p99_target_s"] = -1

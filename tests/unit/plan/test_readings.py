@@ -39,6 +39,9 @@ def loop(requests: int, window_s: float = 10.0, **kw: Any) -> LoopReading:
         batch_busy_s=requests * 0.001,
         gpu_busy_s=requests * 0.0005,
         client_cpu_fraction=0.3,
+        ingress_cpu_s=requests * 0.0004,
+        ingress_cpu_s_by_kind={"haproxy": requests * 0.0004},
+        ingress_processes_by_kind={"haproxy": 1, "ray-proxy": 1},
     )
     return LoopReading(**(base | kw))
 
@@ -135,10 +138,13 @@ def test_a_gpu_model_entry_validates_and_cites_the_run() -> None:
     assert e["candidates"][1]["p99_idle_s"] == 0.012
     assert e["candidates"][0]["gpu_s_per_request"] == pytest.approx(0.0005)  # NVML's
     assert e["cpu_s_per_request"] == pytest.approx(0.001)  # the least: 4 s / 4000
+    assert e["ingress_cpu_s_per_request"] == pytest.approx(0.0004)
+    assert "haproxy, ray-proxy" in e["sources"]["ingress_cpu_s_per_request"]
     assert e["activation_peak_bytes"] == {"16": 10 * MIB, "32": 20 * MIB}
     assert e["load_rps"] == 300 and e["max_replicas"] == 4 and e["p99_target_s"] == 0.1
     for field in ("context_bytes", "weights_bytes", "throughput_rps", "cpu_s_per_request"):
         assert e["sources"][field].startswith(PROV + ": ")
+    assert e["sources"]["ingress_cpu_s_per_request"].startswith(PROV + ": ")
     doc = measurements_doc(
         models={"embeddings": e},
         gpu={"name": "NVIDIA H200", "total_bytes": 150754820096, "cores": 16, "count": 1},
@@ -151,6 +157,7 @@ def test_a_gpu_model_entry_validates_and_cites_the_run() -> None:
     assert budget_bytes(spec, 32, 0.0) == 620 * MIB  # calibration's peak at 32 exactly
     (ask,) = to_problem(m).models
     assert {c.batch_size for c in ask.candidates} == {16, 32}
+    assert ask.ingress_cpu_s_per_request == pytest.approx(0.0004)
 
 
 def test_without_nvml_the_model_threads_busy_time_stands_in() -> None:
@@ -184,6 +191,18 @@ def test_a_window_with_no_answer_is_refused() -> None:
     idle_none = [CandidateReading(8, loop(10), loop(0, p99_s=None))]
     with pytest.raises(ValueError, match="no request was answered"):
         model_entry(cpu_memory(MIB), idle_none, ModelTarget(p99_target_s=2), 1.0, False, PROV)
+
+
+def test_the_ingress_cost_is_the_least_per_request_and_a_window_without_it_is_refused() -> None:
+    readings = [
+        CandidateReading(8, loop(500, ingress_cpu_s=0.5), loop(20)),  # 1 ms a request
+        CandidateReading(4, loop(400, ingress_cpu_s=0.2), loop(20)),  # 0.5 ms: the least
+    ]
+    e = model_entry(cpu_memory(MIB), readings, ModelTarget(p99_target_s=2), 1.0, False, PROV)
+    assert e["ingress_cpu_s_per_request"] == pytest.approx(0.0005)
+    blind = [readings[0], CandidateReading(4, loop(400, ingress_processes_by_kind={}), loop(20))]
+    with pytest.raises(ValueError, match=r"no ingress process .* at batch sizes \[4\]"):
+        model_entry(cpu_memory(MIB), blind, ModelTarget(p99_target_s=2), 1.0, False, PROV)
 
 
 def test_serving_peaks_raise_an_activation_peak_that_calibration_underestimated() -> None:

@@ -46,6 +46,8 @@ def model_asks(draw: st.DrawFn, name: str) -> ModelAsk:
         min_replicas=draw(st.integers(0, 2)),
         max_replicas=draw(st.integers(2, 8)),
         num_cpus=draw(st.sampled_from([1.0, 2.0])),
+        # Up to 5 ms a request: 200 req/s on one core, HAProxy's order for small requests.
+        ingress_cpu_s_per_request=draw(st.one_of(st.just(0.0), st.floats(0.0, 0.005))),
     )
 
 
@@ -87,8 +89,13 @@ def test_a_plan_never_oversubscribes_memory_cores_or_gpu_time(problem: Problem) 
         assert held <= gpu.total_bytes - problem.reserve.memory_bytes
         pairs = zip(problem.models, plan.models, strict=True)
         cores = sum(a.num_cpus * m.replicas[g] for a, m in pairs)
-        assert cores <= gpu.cores - problem.reserve.cores + 1e-9
+        assert cores == use.cores
+        # The ingress's cores: the requests this GPU's replicas carry, at each model's cost.
+        assert use.cores + use.ingress_cores <= gpu.cores - problem.reserve.cores + 1e-9
         assert use.gpu_time <= 1.0 - problem.reserve.gpu_time + 1e-9
+    charged = sum(a.ingress_cpu_s_per_request * m.throughput_rps
+                  for a, m in zip(problem.models, plan.models, strict=True))  # fmt: skip
+    assert sum(u.ingress_cores for u in plan.gpus) == pytest.approx(charged, rel=1e-9, abs=1e-9)
     for ask, m in zip(problem.models, plan.models, strict=True):
         # Every replica's budget holds the candidate's bytes on the GPU it lands on.
         assert all(int(m.share_units / UNITS * g.total_bytes) >= m.candidate.budget_bytes
@@ -129,6 +136,24 @@ def test_adding_a_model_never_shrinks_the_others_below_their_minimum(
         assert m.total_replicas >= ask.min_replicas
 
 
+@SETTINGS
+@given(problems(), st.floats(1e-4, 0.01), st.integers(0, 3))
+def test_a_higher_ingress_cost_never_raises_the_planned_throughput(
+    problem: Problem, more_s: float, which: int
+) -> None:
+    models = list(problem.models)
+    which %= len(models)
+    cost = models[which].ingress_cpu_s_per_request + more_s
+    models[which] = dataclasses.replace(models[which], ingress_cpu_s_per_request=cost)
+    before = plan_or_none(problem)
+    after = plan_or_none(dataclasses.replace(problem, models=tuple(models)))
+    if after is None:
+        return
+    assert before is not None, "a plan that fit a higher ingress cost must fit a lower one"
+    # Both optima are exact; the solver's row tolerance (1e-6) is all that may differ.
+    assert after.objective <= before.objective * (1 + 1e-5) + 1e-4
+
+
 def test_share_units_round_up_so_the_budget_is_at_least_the_stated_bytes() -> None:
     six = 6 * GIB
     units = share_units(six, H200_BYTES)
@@ -151,6 +176,38 @@ def test_the_cores_bind_minilm_on_a_16_core_host() -> None:
     plan = solve(Problem((ask,), (Gpu("H200", H200_BYTES, 16),), Reserve(GIB, 4, 0.0)))
     assert plan.models[0].total_replicas == 12
     assert plan.gpus[0].binds == ("cores",)
+
+
+def test_replicas_that_fit_the_cores_alone_are_cut_when_the_ingress_does_not() -> None:
+    """MiniLM's 12 replicas fill the 12 cores; at 1 ms of ingress CPU a request their 4,788
+    req/s would need 4.8 cores more. The plan is cut to what fits both: n replicas carrying
+    r req/s with n + 0.001 r <= 12 and r <= 399 n (the rate within the p99 target) is best at
+    n = 8, r = 3,192 (11.19 cores; at 9, 3,000 req/s at most)."""
+    minilm = Candidate(64, int(1.2 * GIB), 450.0, 0.01, 0.0001)
+    ask = ModelAsk("minilm", (minilm,), p99_target_s=0.1, max_replicas=32)
+    h200, reserve = (Gpu("H200", H200_BYTES, 16),), Reserve(GIB, 4, 0.0)
+    free = solve(Problem((ask,), h200, reserve))
+    assert free.models[0].total_replicas == 12 and free.gpus[0].ingress_cores == 0
+    per_replica = minilm.rate_within(0.1)
+    assert free.objective == pytest.approx(12 * per_replica)
+    costly = dataclasses.replace(ask, ingress_cpu_s_per_request=0.001)
+    plan = solve(Problem((costly,), h200, reserve))
+    use = plan.gpus[0]
+    assert plan.models[0].total_replicas == 8 and use.cores == 8
+    assert plan.objective == pytest.approx(8 * per_replica, rel=1e-6)
+    assert use.ingress_cores == pytest.approx(0.001 * plan.objective)
+    assert use.cores + use.ingress_cores <= 12 and use.binds == ("cores",)
+
+
+def test_a_load_whose_ingress_does_not_fit_the_cores_is_refused_naming_it() -> None:
+    """2,000 req/s need 6 replicas (6 cores of 12); at 5 ms a request the ingress needs 10 more."""
+    minilm = Candidate(64, int(1.2 * GIB), 450.0, 0.01, 0.0001)
+    ask = ModelAsk("minilm", (minilm,), p99_target_s=0.1, load_rps=2000.0, max_replicas=32)
+    h200, reserve = (Gpu("H200", H200_BYTES, 16),), Reserve(GIB, 4, 0.0)
+    assert solve(Problem((ask,), h200, reserve)).models[0].total_replicas == 6
+    costly = dataclasses.replace(ask, ingress_cpu_s_per_request=0.005)
+    with pytest.raises(Infeasible, match=r"CPU s a request on the cores \(minilm 0.005\)"):
+        solve(Problem((costly,), h200, reserve))
 
 
 def test_six_models_on_eight_gpus_solve_in_under_a_second() -> None:
