@@ -4,10 +4,6 @@ command's checks before anything starts, and one closed-loop window against a lo
 from __future__ import annotations
 
 import os
-import threading
-import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -81,36 +77,6 @@ def test_measure_needs_targets_and_checks_them_before_starting(
     assert not Path(out).exists()  # nothing started, nothing written
     with pytest.raises(SystemExit):
         main(["plan", str(RAG), "--measure", "--measurements", "m.json", "--out", out])
-
-
-class _Slow(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_POST(self) -> None:  # noqa: N802 - the handler's API
-        self.rfile.read(int(self.headers["content-length"]))
-        time.sleep(0.005)
-        code = 503 if self.path == "/busy" else 200
-        self.send_response(code)
-        self.send_header("content-length", "2")
-        self.end_headers()
-        self.wfile.write(b"{}")
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-class _Quiet(ThreadingHTTPServer):
-    def handle_error(self, request: object, client_address: object) -> None:
-        pass  # the loop closes its connections at the window's end, mid-keep-alive
-
-
-@pytest.fixture
-def server() -> Iterator[str]:
-    httpd = _Quiet(("127.0.0.1", 0), _Slow)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
 
 
 def test_a_closed_loop_window_counts_answers_latencies_and_cpu(server: str) -> None:
