@@ -87,6 +87,11 @@ def reasons(
                 f"budget {now['budget_bytes'] / GIB:.2f} GiB is below the peak seen "
                 f"({need / GIB:.2f} GiB with the context)"
             )
+    replicas = sum(planned.get("replicas_per_gpu") or [])
+    if replicas == model["min_replicas"] and now["replicas"] < replicas:
+        out.append(f"the targets ask for at least {replicas} replicas (min_replicas)")
+    if replicas == model["max_replicas"] and now["replicas"] > replicas:
+        out.append(f"the targets allow at most {replicas} replicas (max_replicas)")
     if load is None:
         out.append(f"planned by weight {model['weight']:g}: as much throughput as fits")
     else:
@@ -177,9 +182,11 @@ def markdown(found: list[dict[str, Any]], url: str, config_name: str) -> str:
     for c in found:
         now, plan = c["now"], c["plan"]
         budget_now = now["budget_bytes"]
-        budget_text = (
-            f"{budget_now / GIB:.2f}" if isinstance(budget_now, int) else str(budget_now)
-        ) + f" -> {plan['budget_bytes'] / GIB:.2f} GiB"
+        if not now["on_gpu"]:
+            budget_now = "- (CPU)"
+        elif isinstance(budget_now, int):
+            budget_now = f"{budget_now / GIB:.2f}"
+        budget_text = f"{budget_now} -> {plan['budget_bytes'] / GIB:.2f} GiB"
         lines.append(
             f"| {c['application']} | {now['replicas']} -> {plan['replicas']} "
             f"| {now['num_gpus']} -> {plan['num_gpus']:g} | {budget_text} "

@@ -143,30 +143,35 @@ def items_per_request(app: dict[str, Any], target: Any) -> int:
 def traffic(
     name: str,
     w: live.AppWindow,
-    per_request: int,
+    per_request: float,
     metrics: tuple[list[Any], list[Any]] | None,
     cpu: tuple[dict[Any, float], dict[Any, float]],
 ) -> live.Traffic:
-    """The window's requests (metrics, else items over ``per_request``), p99 and CPU."""
-    from serve_app.plan.scrape import request_window
+    """The window's requests (its batched items over the items a request carries: the
+    metrics' mean, else ``per_request``), their p99 (the metrics) and the replicas' CPU."""
+    from serve_app.plan.scrape import mean_items, request_window
 
-    requests = w.items / per_request
     how = (
-        f"{w.items} batched items over {per_request} items a request (the targets' "
-        "items_per_request, else plan --measure's default; no request count without --metrics)"
+        f"{w.items} batched items in the window over {per_request} items a request (the "
+        "targets' items_per_request, else plan --measure's default; no --metrics)"
     )
     p99, p99_how = None, "no --metrics given"
     if metrics is not None:
+        mean = mean_items(metrics[1], name)
+        if mean is not None:
+            per_request = mean
+            how = (
+                f"{w.items} batched items in the window over {mean:.2f} items a request (the "
+                "mean of ray_serve_app_request_items over the replicas' lives, Ray's metrics)"
+            )
         rw = request_window(metrics[0], metrics[1], name)
         p99, p99_how = rw.p99_s, rw.p99_note
-        if rw.requests > 0:
-            requests = rw.requests
-            how = "the request_seconds histogram's count over the window (Ray's metrics)"
         if p99 is not None:
             p99_how = (
-                f"p99 of the replicas' request_seconds over the window, {rw.p99_note}, at the "
-                "load seen (above the idle p99 the solver takes; HAProxy's time not counted)"
+                f"p99 of the replicas' ray_serve_app_request_seconds {rw.p99_note}; at the load "
+                "seen, so above the idle p99 the solver takes; HAProxy's time not in it"
             )
+    requests = w.items / per_request
     before, after = cpu
     local = [k for k in w.items_by_replica if k in before and k in after]
     cpu_s = sum(after[k] - before[k] for k in local)
@@ -234,6 +239,7 @@ def build_measurements(
             name, w, items_per_request(app, target), scraped, (host.cpu_before, host.cpu_after)
         )
         try:
+            live.saturation_rps(w, t)  # too little traffic: said before anything else
             if any(r.get("gpu_mode") == "cuda" for r in w.replicas):
                 memory = live.gpu_memory_live(w.replicas)
             else:

@@ -72,7 +72,6 @@ class Traffic:
     p99_how: str = ""
     cpu_s: float | None = None  # CPU seconds of its replicas' processes on this host
     cpu_requests: float = 0.0  # the requests those processes answered
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 def by_application(doc: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -102,10 +101,9 @@ def app_window(
         paired += 1
         seconds += dt
         batches += int(rep["batches"]) - int(old["batches"])
-        items += int(rep["batched_items"]) - int(old["batched_items"])
-        by_replica[(rep.get("replica_id"), rep.get("pid"))] = int(rep["batched_items"]) - int(
-            old["batched_items"]
-        )
+        got = int(rep["batched_items"]) - int(old["batched_items"])
+        items += got
+        by_replica[(rep.get("replica_id"), rep.get("pid"))] = got
         busy += float(rep["batch_busy_s"]) - float(old["batch_busy_s"])
         for key in ("rejected_requests", "expired_requests"):
             refused += int(rep.get(key) or 0) - int(old.get(key) or 0)
