@@ -291,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--idle-duration-s", type=float, default=5.0, help="--measure: one at a time")
     plan.add_argument("--window-s", type=float, default=30.0, help="--from-running: between reads")
     plan.add_argument(
-        "--metrics", metavar="URL", help="--from-running: Ray's metrics (requests and p99)"
+        "--metrics",
+        metavar="URL",
+        help="--from-running: Ray's metrics endpoint (items a request, p99)",
     )
     plan.add_argument(
         "--cores-per-gpu", type=float, help="--from-running: default this host's, when local"

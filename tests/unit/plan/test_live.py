@@ -226,3 +226,20 @@ def test_metrics_p99_is_its_buckets_upper_bound() -> None:
     assert request_window([], [], "a").p99_s is None
     assert mean_items(after, "a") == 4.0 and mean_items(before, "a") is None
     assert decisions(after, "a") == {"up/scale_up": 2.0}
+
+
+def test_the_command_refuses_a_missing_targets_file_and_a_short_window(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from serve_app.ops.cli import main
+
+    raw = cpu_window()
+    config = tmp_path / "config.yaml"
+    config.write_text(json.dumps(raw["config"]))  # JSON is YAML
+    argv = ["plan", str(config), "--from-running", URL, "--out", str(tmp_path / "out")]
+    assert main(argv) == 2
+    assert "--from-running needs --targets FILE" in capsys.readouterr().err
+    targets = tmp_path / "targets.yaml"
+    targets.write_text(json.dumps({"models": {"fromrun": {"p99_target_s": 1.0}}}))
+    assert main([*argv, "--targets", str(targets), "--window-s", "0.5"]) == 2
+    assert "--window-s 0.5: at least 1 s" in capsys.readouterr().err
