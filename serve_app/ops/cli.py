@@ -157,6 +157,26 @@ def cmd_plan(ns: argparse.Namespace) -> int:
     from serve_app.plan.write import write_plan
 
     try:
+        if ns.from_running:
+            from serve_app.plan.fromrunning import plan_from_running
+
+            if not ns.targets:
+                print(
+                    "error: --from-running needs --targets FILE (docs/planning.md)", file=sys.stderr
+                )
+                return 2
+            print(
+                plan_from_running(
+                    ns.config,
+                    ns.from_running,
+                    ns.targets,
+                    ns.out,
+                    window_s=ns.window_s,
+                    metrics_url=ns.metrics,
+                    cores_per_gpu=ns.cores_per_gpu,
+                )
+            )
+            return 0
         measurements = ns.measurements
         if ns.measure:
             from serve_app.plan.measure import Settings, measure
@@ -252,19 +272,32 @@ def main(argv: list[str] | None = None) -> int:
         "from MEASUREMENTS (JSON, docs/planning.md) and writes OUT/serve_config.yaml, "
         "OUT/plan.json and OUT/plan.md. --measure measures them first on this host (one "
         "replica of each application at a time, with the targets of --targets FILE) into "
-        "OUT/measurements.json.",
+        "OUT/measurements.json. --from-running URL reads a running server's reports instead "
+        "and adds OUT/changes.md: what to change.",
     )
     plan.add_argument("config")
     source = plan.add_mutually_exclusive_group(required=True)
     source.add_argument("--measurements", help="the measurements JSON")
     source.add_argument("--measure", action="store_true", help="measure on this host first")
+    source.add_argument(
+        "--from-running", metavar="URL", help="re-plan from the running server at URL"
+    )
     plan.add_argument("--out", required=True, help="folder for the config and the report")
-    plan.add_argument("--targets", help="--measure: p99 targets, loads, reserve (JSON or YAML)")
+    plan.add_argument("--targets", help="p99 targets, loads, reserve (JSON or YAML)")
     plan.add_argument("--share", type=float, default=0.5, help="--measure: GPU share measured")
     plan.add_argument("--candidates", type=int, default=3, help="--measure: batch caps measured")
     plan.add_argument("--warmup-s", type=float, default=2.0, help="--measure: before a window")
     plan.add_argument("--duration-s", type=float, default=10.0, help="--measure: at saturation")
     plan.add_argument("--idle-duration-s", type=float, default=5.0, help="--measure: one at a time")
+    plan.add_argument("--window-s", type=float, default=30.0, help="--from-running: between reads")
+    plan.add_argument(
+        "--metrics",
+        metavar="URL",
+        help="--from-running: Ray's metrics endpoint (items a request, p99)",
+    )
+    plan.add_argument(
+        "--cores-per-gpu", type=float, help="--from-running: default this host's, when local"
+    )
     status = sub.add_parser("status", help="per-replica memory table of a running app")
     status.add_argument("--url", default="http://127.0.0.1:8000")
     status.add_argument("--json", action="store_true")

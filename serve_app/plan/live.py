@@ -1,0 +1,348 @@
+"""A running server's reports turned into the measurements file's schema (format 1,
+serve_app.plan.measurements), for ``serve-app plan --from-running URL``. Pure: the reports,
+the metrics and the process readings come in as data (serve_app.plan.fromrunning reads them).
+
+Two reads of ``GET URL/v1/memory``, ``--window-s`` apart. Per application, over the replicas
+that reported at both ends (each replica's own ``reported_at_s`` times its counters):
+
+- memory, from the replicas' own readings (the largest over them): ``context_bytes`` is
+  ``non_torch_overhead_bytes``; ``graph_pool_bytes`` is ``cuda_graph_pool_bytes``;
+  ``weights_bytes`` is torch's allocated bytes between batches, at most its reserved bytes
+  less the pool; the activation peak at the batch cap in force is the rest of the peak
+  reserved bytes (torch resets it after warm-up, so it is what serving needed), raised to
+  calibration's peak where calibration measured at that cap, and to NVML's bytes of the
+  process. One candidate: the cap in force (live traffic measures no other);
+- throughput at saturation: the requests answered in the window over the model thread's busy
+  seconds (the rate over the busy fraction), an estimate that assumes the model thread is what
+  saturates and, where batches were smaller than the cap, a low one (a fuller batch carries
+  more per busy second); refused on too little traffic;
+- requests: the ``request_seconds`` histogram's count of Ray's metrics where given, else the
+  batched items over the targets' items per request;
+- p99: that histogram's p99 over the window (the replica's own time, not HAProxy's; at the load
+  seen, so above the idle p99 the solver takes), else an ASSUMPTION: two mean batch times;
+- CPU per request: the replica processes' CPU seconds where they run on this host (psutil),
+  else an ASSUMPTION that the CPU binds no lower than what was seen.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from serve_app.plan.measurements import Measurements
+from serve_app.plan.readings import MemoryFigures
+from serve_app.plan.targets import ModelTarget
+
+MIN_BATCHES = 20  # batches in the window below which no rate is estimated
+MIN_REQUESTS = 20
+MIN_BUSY_FRACTION = 0.01  # below it, rate / busy fraction extrapolates a hundredfold or more
+IDLE_BATCHES = 2.0  # the ASSUMPTION for a missing p99: the batch in progress, then its own
+
+
+class NotEnoughTraffic(ValueError):
+    """The window saw too little traffic to estimate a saturation rate from."""
+
+
+@dataclass(frozen=True)
+class AppWindow:
+    """One application over the window: its replicas at the end and their counters' deltas."""
+
+    name: str
+    replicas: list[dict[str, Any]]  # the reports at the window's end
+    paired: int  # replicas that reported at both ends
+    seconds: float  # the sum over paired replicas of their reports' time apart
+    batches: int
+    items: int
+    busy_s: float
+    refused: int  # 503s: rejected (queue full) and expired (queue deadline)
+    largest_batch: int
+    cap: int  # the largest batch cap in force
+    items_by_replica: dict[tuple[Any, Any], int] = field(default_factory=dict)  # paired only
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What the window says of an application's requests (from the metrics, or estimated)."""
+
+    requests: float
+    how: str  # how ``requests`` was counted
+    p99_s: float | None = None  # the replica's request time, its p99 over the window
+    p99_how: str = ""
+    cpu_s: float | None = None  # CPU seconds of its replicas' processes on this host
+    cpu_requests: float = 0.0  # the requests those processes answered
+
+
+def by_application(doc: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """``GET /v1/memory``'s replicas grouped by their Serve application."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for rep in doc.get("replicas") or []:
+        out.setdefault(str(rep.get("application")), []).append(rep)
+    return out
+
+
+def app_window(
+    name: str, first: Sequence[Mapping[str, Any]], last: Sequence[Mapping[str, Any]]
+) -> AppWindow:
+    """The deltas of application ``name``'s counters between two reads (by replica and pid;
+    a replica that started or stopped in between counts for memory, not for rates)."""
+    before = {(r.get("replica_id"), r.get("pid")): r for r in first}
+    seconds = busy = 0.0
+    batches = items = refused = paired = 0
+    by_replica: dict[tuple[Any, Any], int] = {}
+    for rep in last:
+        old = before.get((rep.get("replica_id"), rep.get("pid")))
+        if old is None:
+            continue
+        dt = float(rep["reported_at_s"]) - float(old["reported_at_s"])
+        if dt <= 0:
+            continue
+        paired += 1
+        seconds += dt
+        batches += int(rep["batches"]) - int(old["batches"])
+        got = int(rep["batched_items"]) - int(old["batched_items"])
+        items += got
+        by_replica[(rep.get("replica_id"), rep.get("pid"))] = got
+        busy += float(rep["batch_busy_s"]) - float(old["batch_busy_s"])
+        for key in ("rejected_requests", "expired_requests"):
+            refused += int(rep.get(key) or 0) - int(old.get(key) or 0)
+    return AppWindow(
+        name=name,
+        replicas=[dict(r) for r in last],
+        paired=paired,
+        seconds=seconds,
+        batches=batches,
+        items=items,
+        busy_s=busy,
+        refused=refused,
+        largest_batch=max((int(r.get("largest_batch") or 0) for r in last), default=0),
+        cap=max((int(r["max_batch_size"]) for r in last), default=0),
+        items_by_replica=by_replica,
+    )
+
+
+def busy_fraction(w: AppWindow) -> float:
+    """The model threads' busy fraction over the window, their mean."""
+    return w.busy_s / w.seconds if w.seconds > 0 else 0.0
+
+
+def saturation_rps(w: AppWindow, t: Traffic) -> float:
+    """One replica's requests/s at saturation: the window's requests over its busy seconds.
+    Raises NotEnoughTraffic, naming what was seen, when that is too little to go on."""
+    seen = (
+        f"{w.batches} batches, {t.requests:.0f} requests, model threads busy "
+        f"{100 * busy_fraction(w):.1f}% of {w.seconds:.1f} replica-seconds"
+    )
+    if (
+        w.paired == 0
+        or w.batches < MIN_BATCHES
+        or t.requests < MIN_REQUESTS
+        or busy_fraction(w) < MIN_BUSY_FRACTION
+    ):
+        raise NotEnoughTraffic(
+            f"application {w.name}: too little traffic in the window to estimate a rate at "
+            f"saturation ({seen}; needed at least {MIN_BATCHES} batches, {MIN_REQUESTS} "
+            f"requests and {100 * MIN_BUSY_FRACTION:g}% busy): lengthen --window-s or run it "
+            "while the server carries its usual load"
+        )
+    return t.requests / w.busy_s
+
+
+def gpu_memory_live(replicas: Sequence[Mapping[str, Any]]) -> MemoryFigures:
+    """The memory figures of an application's GPU replicas (see the module docstring), each
+    the largest over them, so that a budget from them holds what any of them was seen to
+    need."""
+    context = weights = pool = act = 0
+    raised: set[str] = set()
+    for r in replicas:
+        r_pool = int(r.get("cuda_graph_pool_bytes") or 0)
+        r_ctx = int(r["non_torch_overhead_bytes"])
+        r_w = max(0, min(int(r["allocated_bytes"]), int(r["reserved_bytes"]) - r_pool))
+        r_act = max(0, int(r["peak_reserved_bytes"]) - r_pool - r_w)
+        fixed = r_ctx + r_pool + r_w
+        calib = r.get("calibration_peak_bytes")
+        if calib is None or r.get("calibrated_batch_size") != r.get("max_batch_size"):
+            calib = None  # calibration measured at another cap than the one in force
+        for key, seen in (("calibration", calib), ("NVML", r.get("nvml_process_bytes"))):
+            if seen is not None and int(seen) - fixed > r_act:
+                r_act = int(seen) - fixed
+                raised.add(key)
+        context, weights = max(context, r_ctx), max(weights, r_w)
+        pool, act = max(pool, r_pool), max(act, r_act)
+    cap = max(int(r["max_batch_size"]) for r in replicas)
+    largest = max(int(r.get("largest_batch") or 0) for r in replicas)
+    act_how = (
+        "peak_reserved_bytes (torch's peak since warm-up) less the pool and weights, at the "
+        f"batch cap in force ({cap}; the largest batch seen: {largest})"
+    )
+    names = {"calibration": "calibration's peak at that cap", "NVML": "NVML's process bytes"}
+    if raised:
+        act_how += "; raised to " + " and ".join(names[k] for k in sorted(raised))
+    return MemoryFigures(
+        context_bytes=context,
+        weights_bytes=weights,
+        graph_pool_bytes=pool,
+        activation_peak_bytes={cap: act},
+        how={
+            "context_bytes": "non_torch_overhead_bytes",
+            "weights_bytes": "allocated_bytes (torch's, between batches), at most "
+            "reserved_bytes less the graph pool",
+            "graph_pool_bytes": "cuda_graph_pool_bytes",
+            "activation_peak_bytes": act_how,
+        },
+    )
+
+
+def cpu_memory_live(replicas: Sequence[Mapping[str, Any]], rss_bytes: int | None) -> MemoryFigures:
+    """CPU replicas have no GPU figures: their processes' resident bytes stand in for the
+    weights, as ``plan --measure`` does on the CPU (ValueError without them)."""
+    if rss_bytes is None:
+        raise ValueError(
+            "CPU replicas report no GPU bytes, and their processes are not on this host to read "
+            "their resident memory from: run the command on the replicas' host"
+        )
+    cap = max(int(r["max_batch_size"]) for r in replicas)
+    note = "no GPU: 0"
+    return MemoryFigures(
+        context_bytes=0,
+        weights_bytes=rss_bytes,
+        graph_pool_bytes=0,
+        activation_peak_bytes={cap: 0},
+        how={
+            "context_bytes": note,
+            "weights_bytes": "no GPU: the replica processes' resident host memory (RSS, the "
+            "largest), a stand-in, not GPU bytes",
+            "graph_pool_bytes": note,
+            "activation_peak_bytes": note,
+        },
+    )
+
+
+def live_model_entry(
+    w: AppWindow,
+    t: Traffic,
+    memory: MemoryFigures,
+    target: ModelTarget,
+    num_cpus: float,
+    provenance: str,
+) -> dict[str, Any]:
+    """One ``models.<application>`` entry from the window. ``provenance`` ("read from the
+    running server at URL ...") starts every source. Raises NotEnoughTraffic."""
+    sat = saturation_rps(w, t)
+    on_gpu = any(r.get("gpu_mode") == "cuda" for r in w.replicas)
+    mean_batch_s = w.busy_s / w.batches
+    if t.p99_s is not None and t.p99_s > 0:
+        p99, p99_how = t.p99_s, t.p99_how
+    else:
+        p99 = IDLE_BATCHES * mean_batch_s
+        p99_how = (
+            f"ASSUMPTION: no p99 read ({t.p99_how or 'no metrics given'}); two mean batch "
+            f"times ({mean_batch_s:.5f} s each over the window): the batch in progress, then "
+            "its own"
+        )
+    gpu_s = w.busy_s / t.requests if on_gpu else 0.0
+    if t.cpu_s is not None and t.cpu_requests > 0 and t.cpu_s > 0:
+        cpu_s = t.cpu_s / t.cpu_requests
+        cpu_how = (
+            "the replica processes' CPU seconds (psutil cpu_times, user + system, read on "
+            "this host at the window's ends) per request answered"
+        )
+    else:
+        cpu_s = num_cpus / sat
+        cpu_how = (
+            "ASSUMPTION: the replica processes are not on this host, so their CPU was not "
+            "read; taken as num_cpus over the estimated saturation rate (the CPU binds no "
+            "lower than the model thread)"
+        )
+    mean_batch = w.items / w.batches
+    sources = {k: f"{provenance}: {v}" for k, v in memory.how.items()}
+    sources |= {
+        "throughput_rps": f"{provenance}: an estimate from live traffic: {t.requests:.0f} "
+        f"requests over the model threads' {w.busy_s:.3f} busy seconds (the rate over the busy "
+        f"fraction {busy_fraction(w):.3f}); mean batch {mean_batch:.1f} of cap {w.cap}, so "
+        "low where batches were not full. Requests: " + t.how,
+        "p99_idle_s": f"{provenance}: {p99_how}",
+        "gpu_s_per_request": f"{provenance}: "
+        + (
+            "the model thread's busy seconds per request (an upper bound: NVML's utilisation "
+            "is not in the reports)"
+            if on_gpu
+            else "no GPU: 0"
+        ),
+        "cpu_s_per_request": f"{provenance}: {cpu_how}",
+        "p99_target_s": "the targets file",
+    }
+    entry: dict[str, Any] = {
+        "context_bytes": memory.context_bytes,
+        "weights_bytes": memory.weights_bytes,
+        "graph_pool_bytes": memory.graph_pool_bytes,
+        "activation_peak_bytes": {str(n): b for n, b in memory.activation_peak_bytes.items()},
+        "candidates": [
+            {
+                "batch_size": w.cap,
+                "throughput_rps": sat,
+                "p99_idle_s": p99,
+                "gpu_s_per_request": gpu_s,
+            }
+        ],
+        "cpu_s_per_request": cpu_s,
+        "num_cpus": num_cpus,
+        "p99_target_s": target.p99_target_s,
+        "weight": target.weight,
+        "min_replicas": target.min_replicas,
+        "max_replicas": target.max_replicas,
+        "sources": sources,
+    }
+    if target.load_rps is not None:
+        entry["load_rps"] = target.load_rps
+    return entry
+
+
+def gpu_entry(
+    doc: Mapping[str, Any], replicas: Sequence[Mapping[str, Any]], cores_per_gpu: float | None
+) -> tuple[dict[str, Any], str]:
+    """``gpus[0]`` from the running GPU replicas: the smallest total a replica's share was
+    taken of (its budget over its share: CUDA's total, as shares are derived), the GPUs the
+    node monitors see (else those the replicas sit on); and how it was read."""
+    on = [r for r in replicas if r.get("gpu_mode") == "cuda" and float(r.get("num_gpus") or 0)]
+    if not on:
+        raise ValueError("no GPU replica reports a share")
+    total = min(math.ceil(int(r["budget_bytes"]) / float(r["num_gpus"])) for r in on)
+    uuids = {str(g.get("uuid")) for g in doc.get("gpus") or []}
+    count = len(uuids) or len({str(r.get("gpu_uuid")) for r in on})
+    if cores_per_gpu is None:
+        raise ValueError(
+            "the replicas are not on this host, so its cores say nothing of theirs: give "
+            "--cores-per-gpu"
+        )
+    how = (
+        f"total_bytes: the smallest budget_bytes / num_gpus of the replicas (CUDA's total); "
+        f"count: {'the GPUs the node monitors read' if uuids else 'the GPUs replicas sit on'}; "
+        f"cores: {cores_per_gpu:g} per GPU"
+    )
+    gpu = {"name": "GPU of the running replicas", "total_bytes": total}
+    return gpu | {"cores": cores_per_gpu, "count": count}, how
+
+
+def measurements_live(
+    *,
+    models: Mapping[str, dict[str, Any]],
+    gpu: Mapping[str, Any],
+    mps: bool,
+    margin_fraction: float,
+    reserve: Mapping[str, Any],
+    notes: Sequence[str],
+) -> dict[str, Any]:
+    """The measurements file (format 1) from live figures, validated as ``plan`` reads it."""
+    doc = {
+        "format": 1,
+        "mode": "mps" if mps else "time-sliced",
+        "margin_fraction": margin_fraction,
+        "gpus": [dict(gpu)],
+        "reserve": dict(reserve),
+        "models": dict(models),
+        "notes": list(notes),
+    }
+    Measurements.model_validate(doc)
+    return doc
