@@ -271,6 +271,8 @@ def live_model_entry(
             else "no GPU: 0"
         ),
         "cpu_s_per_request": f"{provenance}: {cpu_how}",
+        "ingress_cpu_s_per_request": "ASSUMPTION: 0, not read from a running server (only "
+        "plan --measure reads the ingress's CPU); the reserve's cores must hold the ingress",
         "p99_target_s": "the targets file",
     }
     entry: dict[str, Any] = {
