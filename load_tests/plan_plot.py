@@ -33,6 +33,9 @@ def plot_plan(doc: dict[str, Any], out_png: Path) -> Path:
                 ax.bar(x, part, bottom=bottom, label=name if (g, r) == (0, 0) else None,
                        color=f"C{names.index(name)}")  # fmt: skip
                 bottom += part
+            if r == 1 and gpu.get("ingress_cores"):  # HAProxy's and Ray's proxy's share
+                ax.bar(x, gpu["ingress_cores"] / gpu[cap_key], bottom=bottom, color="grey",
+                       hatch="//", label="ingress" if g == 0 else None)  # fmt: skip
             labels.append((x, f"GPU {g}\n{'memory' if r == 0 else 'cores'}"))
         x = g * 3 + 2
         ax.bar(x, gpu["gpu_time"] / gpu["gpu_time_cap"], color="grey")
