@@ -93,6 +93,32 @@ def _served_tables(rows: Sequence[Mapping[str, Any]], setup: str, title: str) ->
     return out
 
 
+def _tokens_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Texts/s and tokens/s of every row that has them (text payloads and the text model's
+    in-process ceiling), beside the ceiling on the same workload."""
+    rated = [r for r in rows if r.get("tokens_per_s") is not None]
+    if not rated:
+        return []
+    body = [
+        [
+            str(r.get("setup")),
+            str(r.get("workload") or "short"),
+            "-" if r.get("replicas") is None else _layout(r),
+            str(r.get("inputs_per_request") or "-"),
+            str(r.get("client") or "-"),
+            "-" if r.get("tokens_per_request") is None else f"{r['tokens_per_request']:.1f}",
+            fmt_rate(r.get("texts_per_s")),
+            fmt_rate(r.get("tokens_per_s")),
+            fmt_x(r.get("vs_ceiling_tokens")),
+        ]
+        for r in rated
+    ]
+    header = ["setup", "workload", "replicas x GPU", "inputs/req", "client", "tokens/req"]
+    header += ["texts/s", "tokens/s", "x ceiling (tokens)"]
+    out = ["### Texts and tokens per second (MiniLM's tokenizer, [CLS] and [SEP] included)", ""]
+    return out + _table(header, body) + [""]
+
+
 def _cpu(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
@@ -188,6 +214,7 @@ def render_markdown(
         out.append("")
     for setup, title in SETUP_TITLES.items():
         out += _served_tables(rows, setup, title)
+    out += _tokens_table(rows)
     noop = [r for r in rows if r.get("setup") == "ray_serve_noop"]
     if noop:
         out += ["### Plain Ray Serve no-op behind the same HAProxy ingress", ""]
