@@ -161,3 +161,54 @@ def test_cpu_quick_dry_run_end_to_end(tmp_path: Path) -> None:
     assert "### Plain Ray Serve no-op behind the same HAProxy ingress" in render.stdout
     assert "### Plain Ray Serve with @serve.batch (peer): MiniLM-L6" in render.stdout
     assert "### Server CPU per 1,000 requests" in render.stdout
+
+
+def test_cpu_mixed_workload_ceiling_and_clients(tmp_path: Path) -> None:
+    """``--workload mixed`` without Ray, to stay short: the in-process ceiling on the mixed
+    texts and both clients sending the 64 bodies in turn against HAProxy's no-op, with
+    texts/s and tokens/s in the rows and the tokens table rendered. (The serve rows read
+    their ratio to the ceiling through rows.apply_ceilings, tested in tests/load_tests.)"""
+    out = tmp_path / "tp"
+    cmd = [sys.executable, "-m", "load_tests.benchmarks.throughput", "--out", str(out)]
+    cmd += ["--device", "cpu", "--quick", "--workload", "mixed", "--phases", "ceiling,client"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    detail = proc.stdout[-4000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, detail
+    table = json.loads((out / "throughput.json").read_text())
+    payload = model_payload("minilm", 1, workload="mixed")
+    assert payload.tokens_per_request is not None and len(payload.bodies) == 64
+
+    ceiling = next(r for r in table if r["setup"] == "in_process")
+    assert ceiling["status"] == "ok" and ceiling["workload"] == "mixed", (ceiling, detail)
+    # every text once a pass: tokens/s over texts/s is the texts' mean tokens, not padding
+    mean_tokens = ceiling["tokens_per_s"] / ceiling["texts_per_s"]
+    assert mean_tokens == pytest.approx(payload.tokens_per_request, rel=0.01), ceiling
+
+    by = {r["client"]: r for r in table if r["setup"] == "client_ceiling"}
+    assert set(by) == {"wrk", "open-loop"}
+    for row in by.values():
+        assert row["payload"] == "minilm-x1-mixed-float" and row["workload"] == "mixed", row
+        assert row["tokens_per_request"] == pytest.approx(payload.tokens_per_request)
+    assert by["open-loop"]["status"] == "ok" and by["open-loop"]["requests_per_s"] > 0, detail
+    if WRK is None:
+        assert by["wrk"]["status"] == "skipped"
+    else:
+        w = by["wrk"]
+        assert w["status"] == "ok" and w["errors"] == 0, (w, detail)
+        assert w["tokens_per_s"] == pytest.approx(w["requests_per_s"] * payload.tokens_per_request)
+        assert w["texts_per_s"] == pytest.approx(w["requests_per_s"])
+
+    render = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "load_tests.benchmarks.throughput.render",
+            str(out / "throughput.json"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert render.returncode == 0, render.stderr
+    assert "### Texts and tokens per second" in render.stdout
