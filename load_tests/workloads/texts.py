@@ -6,9 +6,10 @@ Lengths, in words (uniform in each range), and what MiniLM's tokenizer makes of 
 corpus (``[CLS]`` and ``[SEP]`` included; tests/load_tests/workloads/test_texts.py checks the
 bounds on the seeded set):
 
-- ``short``: 4 to 12 words, about 7 to 30 tokens;
-- a query of ``mixed``: 4 to 22 words, about 7 to 50 tokens;
-- a passage of ``mixed``: 30 to 150 words, about 35 to 250 tokens (under MiniLM's 256).
+- ``short``: 4 to 12 words, 6 to at most 30 tokens (mean about 12);
+- a query of ``mixed``: 4 to 22 words, 6 to at most 45 tokens (mean about 18);
+- a passage of ``mixed``: 30 to 150 words, 32 to at most 250 tokens (mean about 113), under
+  MiniLM's limit of 256, so that serve_app takes every one.
 
 ``mixed`` is a stream of requests that hold either queries (70% of requests) or passages
 (30%), as a retrieval service sees them: queries from users, passages from indexing. The shape
