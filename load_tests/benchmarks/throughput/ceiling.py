@@ -93,6 +93,7 @@ def ceiling_worker(spec: Mapping[str, Any]) -> dict[str, Any]:
                 texts = mixed or payloads.texts("short", max(spec["batches"]), 0)
                 doc["tokens_per_s"] = {}
                 doc["workload"] = "mixed" if mixed else "short"
+                doc["texts"] = len(mixed) if mixed else None
                 for b in spec["batches"]:
                     if mixed:  # every text, in length order: the least padding of any batcher
                         batches = length_sorted_batches(tok, mixed, b)

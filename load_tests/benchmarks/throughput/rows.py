@@ -212,6 +212,7 @@ def ceiling_row(model: str, doc: Mapping[str, Any], cores: str) -> dict[str, Any
         server_cores=cores,
         items_per_s_by_batch={str(b): round(v, 1) for b, v in sorted(per_batch.items())},
         tokens_per_s_by_batch={str(b): round(v, 1) for b, v in sorted(tokens.items())},
+        ceiling_texts=doc.get("texts"),  # the mixed workload's distinct texts it embedded
         note=doc.get("error") or f"{doc.get('dtype', '?')} on {doc.get('device', '?')}, eager",
         peak_process_bytes=doc.get("peak_reserved_bytes"),
     )

@@ -125,10 +125,12 @@ def payload_for(model: str, n: int, cfg: Mapping[str, Any]) -> Payload:
 
 def ceiling_texts(model: str, cfg: Mapping[str, Any]) -> list[str] | None:
     """The texts the in-process ceiling embeds for ``model`` under the mixed workload: those of
-    its payload with the most inputs per request; None for other workloads and for images."""
+    its payload with the most inputs per request (the first ``ceiling_max_texts`` of them when
+    set); None for other workloads and for images."""
     if MODELS[model]["kind"] != "embeddings" or cfg.get("workload", "short") == "short":
         return None
-    return list(payload_for(model, max(cfg["inputs_per_request"]), cfg).texts)
+    texts = list(payload_for(model, max(cfg["inputs_per_request"]), cfg).texts)
+    return texts[: cfg.get("ceiling_max_texts") or len(texts)]
 
 
 def job_payloads(job: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[Payload]:
