@@ -62,12 +62,20 @@ def _layout(row: Mapping[str, Any]) -> str:
     return f"{row.get('replicas')} x {gpus:g}" if gpus else f"{row.get('replicas')} (no GPU)"
 
 
+def _workload(row: Mapping[str, Any]) -> str:
+    return str(row.get("workload") or "short")
+
+
 def _served_tables(rows: Sequence[Mapping[str, Any]], setup: str, title: str) -> list[str]:
-    """One table per model of ``setup``'s rows."""
+    """One table per model and workload of ``setup``'s rows."""
     out: list[str] = []
-    for model in dict.fromkeys(r.get("model") for r in rows if r.get("setup") == setup):
-        served = [r for r in rows if r.get("setup") == setup and r.get("model") == model]
-        out += [f"### {title}: {MODEL_TITLES.get(str(model), model)}", ""]
+    mine = [r for r in rows if r.get("setup") == setup]
+    for model, workload in dict.fromkeys((r.get("model"), _workload(r)) for r in mine):
+        served = [r for r in mine if r.get("model") == model and _workload(r) == workload]
+        what = MODEL_TITLES.get(str(model), str(model))
+        if workload == "mixed":
+            what = what.replace("short texts", "mixed queries and passages")
+        out += [f"### {title}: {what}", ""]
         body = [
             [
                 _layout(r),
