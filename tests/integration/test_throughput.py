@@ -62,7 +62,7 @@ def _cfg() -> dict[str, object]:
 def test_both_clients_against_the_static_noop(tmp_path: Path) -> None:
     cfg = _cfg()
     payload = model_payload("resnet50", 1)
-    mixed = model_payload("minilm", 16, workload="mixed")  # 64 bodies, sent in turn
+    mixed = model_payload("minilm", 16, workload="mixed")  # 64 bodies, wrk sends them in turn
     server = NoopHAProxy(cfg["server_cores"], [payload, mixed], tmp_path)  # type: ignore[arg-type]
     pool = OpenLoopPool(cfg["client_cores"], 1, tmp_path)  # type: ignore[arg-type]
     url = server.url_for(payload)
@@ -79,7 +79,6 @@ def test_both_clients_against_the_static_noop(tmp_path: Path) -> None:
         assert mixed_path.suffix == ".bodies"
         once = Clients(WRK, pool, dict(cfg, connections=[4]), tmp_path, print)  # one wrk try
         mixed_tries = once.wrk_tries(WrkTarget(mixed_url, mixed.headers, mixed_path), 1.0)
-        mixed_point = once.openloop(mixed_url, mixed, 100.0, 1.0)
     finally:
         pool.close()
         server.stop()
@@ -93,8 +92,8 @@ def test_both_clients_against_the_static_noop(tmp_path: Path) -> None:
     assert 130 <= point["requests"] <= 270, point
     assert point["errors"] == 0 and point["ok"] == point["requests"], point
     assert 0 < point["p50_ms"] <= point["p99_ms"] <= point["max_ms"], point
-    # The mixed workload's bodies (up to ~10 KiB each) through the same no-op, both clients.
-    assert mixed_point["errors"] == 0 and mixed_point["ok"] == mixed_point["requests"] > 40
+    # The mixed workload's bodies (up to ~10 KiB each) through the same no-op with wrk (the
+    # open-loop client's turn through them: tests/load_tests/harness/test_bodies.py).
     for t in mixed_tries:
         assert t["errors"] == 0 and t["requests_per_s"] > 100, t
 
