@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from load_tests.benchmarks.tokens_cpu import corpus_words, make_texts
+from load_tests.workloads.texts import corpus_words, make_texts
 from serve_app.adapters import embeddings
 from serve_app.adapters.embeddings.modeldir import TextItem
 from serve_app.config.args import parse_args

@@ -6,10 +6,10 @@ the batches' padding. Run it against two checkouts (PYTHONPATH) for a before/aft
 
     python load_tests/benchmarks/tokens_cpu.py --workload short16 --out result.json
 
-Texts are word windows of the repository's own docs (English prose): ``short16`` sends 16
-texts of 4 to 12 words a request; ``mixed`` 16 queries (70% of requests, 4 to 22 words each)
-or 16 passages (30%, 30 to 150 words), MS MARCO's shape roughly (queries of 5 to 30 tokens,
-passages of 40 to 250); ``mixed_within`` the same texts mixed inside each request.
+Texts are word windows of the repository's own docs (English prose), the workloads of
+load_tests.workloads.texts (which states their lengths): ``short16`` sends 16 texts of 4 to 12
+words a request; ``mixed`` 16 queries (70% of requests) or 16 passages (30%); ``mixed_within``
+the same texts mixed inside each request.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import random
-import re
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from typing import Any
 import orjson
 import torch
 
+from load_tests.workloads.texts import WORKLOADS, corpus_words, make_texts
 from serve_app.adapters import embeddings
 from serve_app.config.args import parse_args
 from serve_app.errors import ItemError
@@ -36,26 +36,6 @@ from serve_app.serving.batcher import Batcher
 from serve_app.serving.http import JSON_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def corpus_words() -> list[str]:
-    text = " ".join(p.read_text() for p in sorted((ROOT / "docs").glob("*.md")))
-    text = re.sub(r"[`|#*\[\]()<>]", " ", text)
-    return [w for w in text.split() if w.isascii() and w.strip(".,;:").isalpha()]
-
-
-def make_texts(words: list[str], n: int, workload: str, rng: random.Random) -> list[str]:
-    def window(lo: int, hi: int) -> str:
-        k = rng.randint(lo, hi)
-        start = rng.randrange(len(words) - k)
-        return " ".join(words[start : start + k])
-
-    if workload == "short16":
-        return [window(4, 12) for _ in range(n)]
-    if workload == "mixed":  # a request of queries or a request of passages
-        lo, hi = (4, 22) if rng.random() < 0.7 else (30, 150)
-        return [window(lo, hi) for _ in range(n)]
-    return [window(4, 22) if rng.random() < 0.7 else window(30, 150) for _ in range(n)]
 
 
 def tiny_model_dir() -> str:
@@ -167,7 +147,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workload", choices=("short16", "mixed", "mixed_within"), default="short16")
+    p.add_argument("--workload", choices=WORKLOADS, default="short16")
     p.add_argument("--texts-per-request", type=int, default=16)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--max-batch-size", type=int, default=64)

@@ -9,7 +9,8 @@ how late it actually sent (``send lag``) and its CPU use, so a client that falls
 Why aiohttp and not httpx (load_tests.bench): httpx's pool costs several times more CPU per
 request; aiohttp on uvloop sends a few thousand requests/s per core, so 16 processes offer well
 over 25,000 requests/s. The processes are started once (``OpenLoopPool``) and take one job per
-rate point on stdin, answering one JSON line on stdout (latencies go to a .npy file).
+rate point on stdin, answering one JSON line on stdout (latencies go to a .npy file). A
+``.bodies`` file gives several bodies, sent in turn (load_tests.harness.bodies).
 
 A job may also run until told to stop (``stop_path``: the scenario of tests/gpu's controller
 test decides when), writing its running counts to ``progress_path`` a few times a second.
@@ -35,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from load_tests.harness.bodies import read_bodies
 from load_tests.harness.meta import ROOT
 
 READY = "OPENLOOP_READY"
@@ -148,7 +150,8 @@ async def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
     """One rate point in this process (see OpenLoopPool.point for the fields)."""
     import aiohttp
 
-    body = Path(job["body_path"]).read_bytes()
+    bodies = read_bodies(Path(job["body_path"]))  # sent in turn, from this worker's offset
+    offset = int(job.get("body_offset", 0))
     total_s = job["warmup_s"] + job["duration_s"]
     times = schedule(job["rate_per_s"], total_s, job["seed"], job["poisson"])
     n = len(times)
@@ -184,7 +187,10 @@ async def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
             lag[i] = clock() - due
             try:
                 async with session.request(
-                    job["method"], job["url"], data=body, headers=job["headers"]
+                    job["method"],
+                    job["url"],
+                    data=bodies[(offset + i) % len(bodies)],
+                    headers=job["headers"],
                 ) as resp:
                     answer = await resp.read()
                     status[i] = resp.status
@@ -404,6 +410,7 @@ class OpenLoopPool:
                 "method": "POST",
                 "headers": dict(headers),
                 "body_path": str(body_path),
+                "body_offset": k,
                 "rate_per_s": rate_per_s / n,
                 "duration_s": duration_s,
                 "warmup_s": warmup_s,

@@ -5,7 +5,8 @@ cannot tell the server's limit from its own; wrk (C, epoll, one thread per core)
 thousands of requests/s from a few cores. Its latency is closed-loop (measured from the send,
 so it hides queueing at the client: coordinated omission); the open-loop client measures latency.
 
-The Lua script sets the method, the headers and the body (read once from a file) and, in
+The Lua script sets the method, the headers and the body (read once from a file; from a
+``.bodies`` file, several bodies sent in turn, see load_tests.harness.bodies) and, in
 ``done()``, prints one line ``WRK_JSON {...}`` with the request count, the duration, the error
 counters and latency percentiles, which ``parse_wrk_output`` reads.
 """
@@ -23,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from load_tests.harness.bodies import BODIES_SUFFIX
 
 MARKER = "WRK_JSON "
 ERROR_KINDS: tuple[str, ...] = ("connect", "read", "write", "status", "timeout")
@@ -49,14 +52,28 @@ def lua_string(text: str) -> str:
 
 
 def lua_script(body_path: Path, headers: Mapping[str, str], method: str = "POST") -> str:
-    """A wrk script that sends ``method`` with ``headers`` and the bytes of ``body_path``."""
+    """A wrk script that sends ``method`` with ``headers`` and the bytes of ``body_path``; for
+    a ``.bodies`` file, its lines in turn (each wrk thread from the first), built with
+    ``wrk.format`` (which sets Content-Length per body)."""
     lines = [f"wrk.method = {lua_string(method)}"]
     for name, value in headers.items():
         lines.append(f"wrk.headers[{lua_string(name)}] = {lua_string(value)}")
+    lines.append(f'local f = assert(io.open({lua_string(str(body_path))}, "rb"))')
+    if Path(body_path).suffix != BODIES_SUFFIX:
+        lines += ['wrk.body = f:read("*a")', "f:close()"]
+        return "\n".join(lines) + "\n" + _DONE
     lines += [
-        f'local f = assert(io.open({lua_string(str(body_path))}, "rb"))',
-        'wrk.body = f:read("*a")',
+        "local bodies = {}",
+        "for line in f:lines() do",
+        "  if #line > 0 then bodies[#bodies + 1] = line end",
+        "end",
         "f:close()",
+        'assert(#bodies > 0, "no request bodies")',
+        "local next_body = 0",
+        "request = function()",
+        "  next_body = next_body % #bodies + 1",
+        "  return wrk.format(nil, nil, nil, bodies[next_body])",
+        "end",
     ]
     return "\n".join(lines) + "\n" + _DONE
 

@@ -21,9 +21,11 @@ from load_tests.benchmarks.throughput.measure import Clients, probe
 from load_tests.benchmarks.throughput.noop_server import NoopHAProxy
 from load_tests.benchmarks.throughput.options import default_cores
 from load_tests.benchmarks.throughput.payload import model_payload
+from load_tests.benchmarks.throughput.render import render_markdown
 from load_tests.benchmarks.throughput.rows import ROW_KEYS
 from load_tests.harness.openloop import OpenLoopPool
 from load_tests.harness.wrk import WrkTarget, find_wrk
+from load_tests.workloads.texts import token_counts
 
 ROOT = Path(__file__).resolve().parents[2]
 WRK = find_wrk(str(ROOT / ".tools" / "wrk"))
@@ -60,17 +62,23 @@ def _cfg() -> dict[str, object]:
 def test_both_clients_against_the_static_noop(tmp_path: Path) -> None:
     cfg = _cfg()
     payload = model_payload("resnet50", 1)
-    server = NoopHAProxy(cfg["server_cores"], [payload], tmp_path)  # type: ignore[arg-type]
+    mixed = model_payload("minilm", 16, workload="mixed")  # 64 bodies, wrk sends them in turn
+    server = NoopHAProxy(cfg["server_cores"], [payload, mixed], tmp_path)  # type: ignore[arg-type]
     pool = OpenLoopPool(cfg["client_cores"], 1, tmp_path)  # type: ignore[arg-type]
     url = server.url_for(payload)
     try:
         status, answer = probe(url, payload)
         assert (status, answer) == (200, payload.response)
         assert probe(server.base_url + "/other", payload) == (200, b"{}")
+        assert probe(server.url_for(mixed), mixed) == (200, mixed.response)  # every body
         clients = Clients(WRK, pool, cfg, tmp_path, print)
         target = WrkTarget(url, payload.headers, payload.write(tmp_path))
         tries = clients.wrk_tries(target, 1.0)
         point = clients.openloop(url, payload, 200.0, 1.0)
+        mixed_url, mixed_path = server.url_for(mixed), mixed.write(tmp_path)
+        assert mixed_path.suffix == ".bodies"
+        once = Clients(WRK, pool, dict(cfg, connections=[4]), tmp_path, print)  # one wrk try
+        mixed_tries = once.wrk_tries(WrkTarget(mixed_url, mixed.headers, mixed_path), 1.0)
     finally:
         pool.close()
         server.stop()
@@ -84,6 +92,10 @@ def test_both_clients_against_the_static_noop(tmp_path: Path) -> None:
     assert 130 <= point["requests"] <= 270, point
     assert point["errors"] == 0 and point["ok"] == point["requests"], point
     assert 0 < point["p50_ms"] <= point["p99_ms"] <= point["max_ms"], point
+    # The mixed workload's bodies (up to ~10 KiB each) through the same no-op with wrk (the
+    # open-loop client's turn through them: tests/load_tests/harness/test_bodies.py).
+    for t in mixed_tries:
+        assert t["errors"] == 0 and t["requests_per_s"] > 100, t
 
 
 def test_cpu_quick_dry_run_end_to_end(tmp_path: Path) -> None:
@@ -161,3 +173,31 @@ def test_cpu_quick_dry_run_end_to_end(tmp_path: Path) -> None:
     assert "### Plain Ray Serve no-op behind the same HAProxy ingress" in render.stdout
     assert "### Plain Ray Serve with @serve.batch (peer): MiniLM-L6" in render.stdout
     assert "### Server CPU per 1,000 requests" in render.stdout
+
+
+def test_cpu_mixed_workload_ceiling(tmp_path: Path) -> None:
+    """``--workload mixed`` through the tool, its ceiling phase alone to stay short (~15 s; the
+    clients' part with the mixed bodies is in the test above, the rows' tokens/s and ratio in
+    tests/load_tests): the in-process ceiling on the mixed texts, texts/s and tokens/s in its
+    row, the tokens table rendered."""
+    out = tmp_path / "tp"
+    cmd = [sys.executable, "-m", "load_tests.benchmarks.throughput", "--out", str(out)]
+    cmd += ["--device", "cpu", "--quick", "--workload", "mixed", "--phases", "ceiling"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    detail = proc.stdout[-4000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, detail
+    table = json.loads((out / "throughput.json").read_text())
+    payload = model_payload("minilm", 1, workload="mixed")
+    assert payload.tokens_per_request is not None and len(payload.bodies) == 64
+
+    ceiling = next(r for r in table if r["setup"] == "in_process")
+    assert ceiling["status"] == "ok" and ceiling["workload"] == "mixed", (ceiling, detail)
+    # the first 8 texts on the CPU, each once a pass: tokens/s over texts/s is their mean
+    # tokens (real ones, not padding)
+    assert ceiling["ceiling_texts"] == 8, ceiling
+    mean_tokens = sum(token_counts(payload.texts[:8])) / 8
+    assert ceiling["tokens_per_s"] / ceiling["texts_per_s"] == pytest.approx(mean_tokens), ceiling
+    assert ceiling["ceiling_batch"] in (1, 8) and ceiling["ceiling_tokens_per_s"] > 0
+    assert [r["setup"] for r in table] == ["in_process"]
+
+    assert "### Texts and tokens per second" in render_markdown(table)

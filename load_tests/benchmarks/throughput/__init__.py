@@ -25,13 +25,16 @@ beside the references that say what the numbers mean:
     python -m load_tests.benchmarks.throughput --out DIR [--models minilm,resnet50]
         [--replicas 4,8,12,16] [--inputs-per-request 1,16] [--server-cores 0-15]
         [--client-cores 16-31] [--duration-s S] [--mps] [--max-time-s 540] [--device cpu --quick]
+        [--workload short|mixed]
         [--phases ceiling,client,serve,noop,ray_serve_batch,litserve]
     python -m load_tests.benchmarks.throughput.render DIR/throughput.json      # the markdown tables
 
 Writes DIR/throughput.json (a list of rows, rewritten as they arrive), DIR/meta.json (host,
 cores, versions, the plan, flags) and DIR/server_reports.json (each job's GET /v1/memory at
-its end), and the workers' logs. A setup the time budget does not reach gets a ``skipped`` row
-with a note; the run logs its plan first (which jobs, about how long, how many fit).
+its end), and the workers' logs. ``--workload mixed`` loads MiniLM with 64 bodies of queries
+or passages (load_tests.workloads.texts) and adds texts/s and tokens/s to the rows, against
+the in-process ceiling on the same texts. A setup the time budget does not reach gets a
+``skipped`` row with a note; the run logs its plan first (which jobs, about how long, how many fit).
 ``--merge`` keeps the measured rows of an earlier run's throughput.json that this run did not
 measure again (the whole matrix takes more than one 10-minute run on the GPU host).
 

@@ -93,6 +93,7 @@ def client_phase(cfg: Mapping[str, Any], work: Path, deadline: float) -> list[di
         per_payload_s = client_ceiling_est_s(cfg)
         for p in payloads:
             c = dict(common, model=p.model, payload=p.key, inputs_per_request=p.inputs_per_request)
+            c.update(workload=p.workload, tokens_per_request=p.tokens_per_request)
             c["response_bytes"] = len(p.response)
             if deadline - time.time() < per_payload_s:
                 for client in ("wrk", "open-loop"):
@@ -159,6 +160,7 @@ def missing_rows(
                     continue
                 c = {"setup": _job_id(j)[0], "model": j["model"], "replicas": j["replicas"]}
                 c.update(payload=p.key, inputs_per_request=p.inputs_per_request, mps=cfg["mps"])
+                c.update(workload=p.workload, tokens_per_request=p.tokens_per_request)
                 note = "not reached: time budget or the serve worker stopped"
                 out.append(rowlib.status_row(c, client, "skipped", note))
     return out

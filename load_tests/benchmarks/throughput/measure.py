@@ -155,14 +155,21 @@ def measure_served(
 
 
 def probe(url: str, payload: Payload, timeout_s: float = 30.0) -> tuple[int, bytes]:
-    """One request with ``payload``: its status (0 when it failed) and answer body."""
+    """One request with each of ``payload``'s bodies, in turn: the status (0 when it failed)
+    and answer of the first that did not get a 2xx, else of the last."""
     import httpx
 
-    try:
-        resp = httpx.post(url, content=payload.body, headers=payload.headers, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        return 0, repr(exc).encode()
-    return resp.status_code, resp.content
+    status, answer = 0, b""
+    with httpx.Client(timeout=timeout_s) as client:
+        for body in payload.all_bodies:
+            try:
+                resp = client.post(url, content=body, headers=payload.headers)
+            except httpx.HTTPError as exc:
+                return 0, repr(exc).encode()
+            status, answer = resp.status_code, resp.content
+            if not 200 <= status < 300:
+                return status, answer
+    return status, answer
 
 
 def measure_client_ceiling(
@@ -204,6 +211,8 @@ def measure_client_ceiling(
         status="ok" if best else "error",
         requests_per_s=found["sustained_per_s"],
         items_per_s=None,
+        texts_per_s=None,
+        tokens_per_s=None,
         max_carried_per_s=found["max_carried_per_s"],
         points=[{k: p.get(k) for k in _POINT_KEYS} for p in points],
         note=(

@@ -108,7 +108,7 @@ class NoopHAProxy:
         self.port = free_port()
         self.cores = list(cores)
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        largest = max([2, *(max(len(p.body), len(p.response)) for p in payloads)])
+        largest = max([2, *(max(*map(len, p.all_bodies), len(p.response)) for p in payloads)])
         answers = {p.key: p.write_response(work_dir) for p in payloads}
         self.config_path = work_dir / "noop-haproxy.cfg"
         self.config_path.write_text(

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from load_tests.benchmarks.throughput.payload import ENCODINGS, MODELS
+from load_tests.benchmarks.throughput.payload import ENCODINGS, MODELS, TEXT_WORKLOADS
 from load_tests.harness.meta import PROVENANCE_HELP, ROOT
 
 PROG = "python -m load_tests.benchmarks.throughput"
@@ -123,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--inputs-per-request", type=_ints, default=None, help="inputs per request (1,16)"
     )
     p.add_argument("--encoding-format", choices=ENCODINGS, default="float", help="MiniLM output")
+    p.add_argument(
+        "--workload",
+        choices=TEXT_WORKLOADS,
+        default="short",
+        help="MiniLM's texts: short (one body), or mixed (64 bodies of queries or passages, "
+        "load_tests.workloads.texts); rows give tokens/s",
+    )
     p.add_argument("--server-cores", default=None, help="e.g. 0-15 (default: first half)")
     p.add_argument("--client-cores", default=None, help="e.g. 16-31 (default: second half)")
     p.add_argument("--duration-s", type=float, default=None, help="seconds per wrk/open-loop run")
@@ -200,6 +207,7 @@ def make_config(a: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
         "replicas": a.replicas or ([1] if cpu else [4, 8, 12, 16]),
         "inputs_per_request": a.inputs_per_request or ([1] if cpu else [1, 16]),
         "encoding_format": a.encoding_format,
+        "workload": a.workload,
         "server_cores": server,
         "client_cores": client,
         "duration_s": a.duration_s or (1.0 if small else 8.0),
@@ -225,6 +233,9 @@ def make_config(a: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
             "resnet50": [1, 2] if cpu else [32, 64, 128, 256],
         },
         "model_min_s": 0.3 if cpu else 1.0,
+        # The mixed workload's ceiling on the CPU: the first 8 texts (a pass of 64 takes ~1.5 s
+        # there); on a GPU every text of the bodies.
+        "ceiling_max_texts": 8 if cpu else None,
         "mps": a.mps and not cpu,
         "wrk": a.wrk,
         "max_time_s": a.max_time_s or (160.0 if cpu else 540.0),

@@ -62,12 +62,20 @@ def _layout(row: Mapping[str, Any]) -> str:
     return f"{row.get('replicas')} x {gpus:g}" if gpus else f"{row.get('replicas')} (no GPU)"
 
 
+def _workload(row: Mapping[str, Any]) -> str:
+    return str(row.get("workload") or "short")
+
+
 def _served_tables(rows: Sequence[Mapping[str, Any]], setup: str, title: str) -> list[str]:
-    """One table per model of ``setup``'s rows."""
+    """One table per model and workload of ``setup``'s rows."""
     out: list[str] = []
-    for model in dict.fromkeys(r.get("model") for r in rows if r.get("setup") == setup):
-        served = [r for r in rows if r.get("setup") == setup and r.get("model") == model]
-        out += [f"### {title}: {MODEL_TITLES.get(str(model), model)}", ""]
+    mine = [r for r in rows if r.get("setup") == setup]
+    for model, workload in dict.fromkeys((r.get("model"), _workload(r)) for r in mine):
+        served = [r for r in mine if r.get("model") == model and _workload(r) == workload]
+        what = MODEL_TITLES.get(str(model), str(model))
+        if workload == "mixed":
+            what = what.replace("short texts", "mixed queries and passages")
+        out += [f"### {title}: {what}", ""]
         body = [
             [
                 _layout(r),
@@ -91,6 +99,32 @@ def _served_tables(rows: Sequence[Mapping[str, Any]], setup: str, title: str) ->
         out += _table([*header, "status"], body)
         out.append("")
     return out
+
+
+def _tokens_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Texts/s and tokens/s of every row that has them (text payloads and the text model's
+    in-process ceiling), beside the ceiling on the same workload."""
+    rated = [r for r in rows if r.get("tokens_per_s") is not None]
+    if not rated:
+        return []
+    body = [
+        [
+            str(r.get("setup")),
+            str(r.get("workload") or "short"),
+            "-" if r.get("replicas") is None else _layout(r),
+            str(r.get("inputs_per_request") or "-"),
+            str(r.get("client") or "-"),
+            "-" if r.get("tokens_per_request") is None else f"{r['tokens_per_request']:.1f}",
+            fmt_rate(r.get("texts_per_s")),
+            fmt_rate(r.get("tokens_per_s")),
+            fmt_x(r.get("vs_ceiling_tokens")),
+        ]
+        for r in rated
+    ]
+    header = ["setup", "workload", "replicas x GPU", "inputs/req", "client", "tokens/req"]
+    header += ["texts/s", "tokens/s", "x ceiling (tokens)"]
+    out = ["### Texts and tokens per second (MiniLM's tokenizer, [CLS] and [SEP] included)", ""]
+    return out + _table(header, body) + [""]
 
 
 def _cpu(value: float | None) -> str:
@@ -188,6 +222,7 @@ def render_markdown(
         out.append("")
     for setup, title in SETUP_TITLES.items():
         out += _served_tables(rows, setup, title)
+    out += _tokens_table(rows)
     noop = [r for r in rows if r.get("setup") == "ray_serve_noop"]
     if noop:
         out += ["### Plain Ray Serve no-op behind the same HAProxy ingress", ""]

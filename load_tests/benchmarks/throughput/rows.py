@@ -6,7 +6,10 @@ Setups: ``serve_app`` (the server, via wrk and via the open-loop client), ``ray_
 (LitServe's own server), ``client_ceiling`` (each client against the static HAProxy no-op) and
 ``in_process`` (the model alone). Every measured row carries the server's CPU seconds per 1,000
 requests (proccpu), and a served row its ratio to the no-op's at the same replica count and
-client (``server_cpu_vs_noop``).
+client (``server_cpu_vs_noop``). Rows of text payloads carry ``texts_per_s`` and
+``tokens_per_s`` (requests/s x the payload's mean tokens per request, MiniLM's tokenizer), and
+a served one its ratio to the in-process ceiling on the same workload in tokens/s
+(``vs_ceiling_tokens``).
 """
 
 from __future__ import annotations
@@ -59,6 +62,12 @@ ROW_KEYS: tuple[str, ...] = (
     "ceiling_items_per_s",
     "ceiling_batch",
     "vs_ceiling",
+    "workload",
+    "tokens_per_request",
+    "texts_per_s",
+    "tokens_per_s",
+    "ceiling_tokens_per_s",
+    "vs_ceiling_tokens",
     "client_ceiling_requests_per_s",
     "client_headroom",
     "server_cpu_s_per_1000_requests",
@@ -92,6 +101,7 @@ def row_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
         row.get("replicas"),
         row.get("mps"),
         row.get("client"),
+        row.get("workload") or "short",
     )
 
 
@@ -99,6 +109,16 @@ def _items(requests_per_s: float | None, inputs_per_request: int | None) -> floa
     if requests_per_s is None:
         return None
     return requests_per_s * (inputs_per_request or 1)
+
+
+def _token_rates(row: dict[str, Any]) -> None:
+    """``texts_per_s`` and ``tokens_per_s`` of a text payload's row (one with
+    ``tokens_per_request``), from its requests/s."""
+    per_request, rate = row.get("tokens_per_request"), row.get("requests_per_s")
+    if per_request is None or rate is None:
+        return
+    row["texts_per_s"] = _items(rate, row.get("inputs_per_request"))
+    row["tokens_per_s"] = rate * per_request
 
 
 def wrk_row(common: Mapping[str, Any], tries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -123,6 +143,7 @@ def wrk_row(common: Mapping[str, Any], tries: Sequence[Mapping[str, Any]]) -> di
         items_per_s=_items(best["requests_per_s"], common.get("inputs_per_request")),
     )
     row.update({k: best[k] for k in CPU_KEYS if k in best})
+    _token_rates(row)
     return row
 
 
@@ -159,6 +180,7 @@ def openloop_row(common: Mapping[str, Any], summary: Mapping[str, Any]) -> dict[
         client_keeps_up=summary.get("client_keeps_up"),
     )
     row.update({k: summary[k] for k in CPU_KEYS if k in summary})
+    _token_rates(row)
     if not summary.get("client_keeps_up"):
         row["flags"] = [*row["flags"], "open-loop client fell behind its schedule"]
     return row
@@ -170,9 +192,12 @@ def status_row(common: Mapping[str, Any], client: str, status: str, note: str) -
 
 
 def ceiling_row(model: str, doc: Mapping[str, Any], cores: str) -> dict[str, Any]:
-    """The in-process ceiling of ``model`` (ceiling.ceiling_worker's result)."""
+    """The in-process ceiling of ``model`` (ceiling.ceiling_worker's result): its best batch by
+    items/s, or by tokens/s on the mixed workload (whose batches differ in length)."""
     per_batch = {int(b): float(v) for b, v in (doc.get("items_per_s") or {}).items()}
-    best = max(per_batch, key=per_batch.__getitem__) if per_batch else None
+    tokens = {int(b): float(v) for b, v in (doc.get("tokens_per_s") or {}).items()}
+    rank = tokens if doc.get("workload") == "mixed" and tokens else per_batch
+    best = max(rank, key=rank.__getitem__) if rank else None
     return new_row(
         setup="in_process",
         model=model,
@@ -180,16 +205,28 @@ def ceiling_row(model: str, doc: Mapping[str, Any], cores: str) -> dict[str, Any
         items_per_s=per_batch[best] if best is not None else None,
         ceiling_items_per_s=per_batch[best] if best is not None else None,
         ceiling_batch=best,
+        workload=doc.get("workload", "short"),
+        texts_per_s=per_batch[best] if best is not None and tokens else None,
+        tokens_per_s=tokens.get(best) if best is not None else None,
+        ceiling_tokens_per_s=tokens.get(best) if best is not None else None,
         server_cores=cores,
         items_per_s_by_batch={str(b): round(v, 1) for b, v in sorted(per_batch.items())},
+        tokens_per_s_by_batch={str(b): round(v, 1) for b, v in sorted(tokens.items())},
+        ceiling_texts=doc.get("texts"),  # the mixed workload's distinct texts it embedded
         note=doc.get("error") or f"{doc.get('dtype', '?')} on {doc.get('device', '?')}, eager",
         peak_process_bytes=doc.get("peak_reserved_bytes"),
     )
 
 
 def _lookup(rows: Iterable[Mapping[str, Any]], **match: Any) -> Mapping[str, Any] | None:
+    """The first measured row with the fields of ``match`` (a row without ``workload``, from
+    before it was recorded, is of the short workload)."""
+
+    def get(row: Mapping[str, Any], key: str) -> Any:
+        return (row.get(key) or "short") if key == "workload" else row.get(key)
+
     for row in rows:
-        if row.get("status") == "ok" and all(row.get(k) == v for k, v in match.items()):
+        if row.get("status") == "ok" and all(get(row, k) == v for k, v in match.items()):
             return row
     return None
 
@@ -203,12 +240,17 @@ def apply_ceilings(rows: list[dict[str, Any]]) -> list[str]:
     for row in rows:
         if row.get("setup") not in SERVED or row.get("status") != "ok":
             continue
-        model_row = _lookup(rows, setup="in_process", model=row.get("model"))
+        workload = row.get("workload") or "short"
+        model_row = _lookup(rows, setup="in_process", model=row.get("model"), workload=workload)
         if model_row is not None and row.get("setup") in MODEL_SERVED:
             row["ceiling_items_per_s"] = model_row["ceiling_items_per_s"]
             row["ceiling_batch"] = model_row["ceiling_batch"]
             if row.get("items_per_s") is not None and model_row["ceiling_items_per_s"]:
                 row["vs_ceiling"] = row["items_per_s"] / model_row["ceiling_items_per_s"]
+            ceiling_tokens = model_row.get("ceiling_tokens_per_s")
+            row["ceiling_tokens_per_s"] = ceiling_tokens
+            if row.get("tokens_per_s") is not None and ceiling_tokens:
+                row["vs_ceiling_tokens"] = row["tokens_per_s"] / ceiling_tokens
         noop = _lookup(
             rows, setup="ray_serve_noop", replicas=row.get("replicas"), client=row.get("client")
         )

@@ -118,6 +118,8 @@ def run_job(
             payload=p.key,
             inputs_per_request=p.inputs_per_request,
             payload_description=p.description,
+            workload=p.workload,
+            tokens_per_request=p.tokens_per_request,
         )
 
     def skip_rest(ps: list[Payload], status: str, note: str) -> None:

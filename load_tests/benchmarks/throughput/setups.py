@@ -116,12 +116,27 @@ def ray_serve_batch_doc(replicas: int, cfg: Mapping[str, Any], port: int) -> dic
     return doc
 
 
+def payload_for(model: str, n: int, cfg: Mapping[str, Any]) -> Payload:
+    """``model``'s payload of ``n`` inputs; the run's ``--workload`` applies to text models."""
+    text = MODELS[model]["kind"] == "embeddings"
+    workload = cfg.get("workload", "short") if text else "short"
+    return model_payload(model, n, cfg["encoding_format"], workload=workload)
+
+
+def ceiling_texts(model: str, cfg: Mapping[str, Any]) -> list[str] | None:
+    """The texts the in-process ceiling embeds for ``model`` under the mixed workload: those of
+    its payload with the most inputs per request (the first ``ceiling_max_texts`` of them when
+    set); None for other workloads and for images."""
+    if MODELS[model]["kind"] != "embeddings" or cfg.get("workload", "short") == "short":
+        return None
+    texts = list(payload_for(model, max(cfg["inputs_per_request"]), cfg).texts)
+    return texts[: cfg.get("ceiling_max_texts") or len(texts)]
+
+
 def job_payloads(job: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[Payload]:
     if job["kind"] == "noop":
         return [noop_payload()]
-    return [
-        model_payload(job["model"], n, cfg["encoding_format"]) for n in cfg["inputs_per_request"]
-    ]
+    return [payload_for(job["model"], n, cfg) for n in cfg["inputs_per_request"]]
 
 
 def client_payloads(cfg: Mapping[str, Any]) -> list[Payload]:
@@ -132,11 +147,7 @@ def client_payloads(cfg: Mapping[str, Any]) -> list[Payload]:
     out = []
     model_served = {"serve", *PEERS}
     if phases & model_served or not phases & {*model_served, "noop"}:
-        out = [
-            model_payload(m, n, cfg["encoding_format"])
-            for m in cfg["models"]
-            for n in cfg["inputs_per_request"]
-        ]
+        out = [payload_for(m, n, cfg) for m in cfg["models"] for n in cfg["inputs_per_request"]]
     if "noop" in phases:
         out.append(noop_payload())
     return out

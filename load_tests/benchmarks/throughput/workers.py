@@ -128,11 +128,13 @@ def worker_main(a: argparse.Namespace) -> int:
     os.sched_setaffinity(0, set(cfg["server_cores"]))
     os.environ["CUDA_VISIBLE_DEVICES"] = str(cfg["gpu"]) if cfg["device"] == "cuda" else ""
     from load_tests.benchmarks.throughput.ceiling import ceiling_worker
+    from load_tests.benchmarks.throughput.setups import ceiling_texts
 
     result: dict[str, Any] = {"models": {}, "errors": []}
     for m in cfg["models"]:
         one = {"device": cfg["device"], "models": [m], "batches": cfg["model_batches"][m]}
         one.update(min_s=cfg["model_min_s"], cpu_min_s=0.3)
+        one["texts"] = ceiling_texts(m, cfg)  # the mixed workload's texts, else None
         try:
             result["models"].update(ceiling_worker(one))
         except BaseException as exc:  # noqa: BLE001 - recorded; the other model still runs

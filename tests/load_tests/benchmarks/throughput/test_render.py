@@ -89,3 +89,26 @@ def test_render_shows_the_peers_and_the_server_cpu_table() -> None:
         "| 3.000 | 0.500 | - | - | - | 0.750 |"
     ) in md
     assert "| client_ceiling | noop | - | open-loop | 9,000 | 0.020 | - | - | - | 0.020 |" in md
+
+
+def test_render_gives_the_mixed_workload_its_own_table_and_the_tokens_table() -> None:
+    common = {"setup": "serve_app", "model": "minilm", "inputs_per_request": 16, "replicas": 4}
+    table = [
+        rows.new_row(**common, payload="minilm-x16-float", client="wrk", status="ok"),
+        rows.new_row(
+            **common,
+            payload="minilm-x16-mixed-float",
+            workload="mixed",
+            client="wrk",
+            status="ok",
+            tokens_per_request=800.0,
+            texts_per_s=1600.0,
+            tokens_per_s=80000.0,
+            vs_ceiling_tokens=0.5,
+        ),
+    ]
+    text = render_markdown(table)
+    assert "### serve_app: MiniLM-L6 embeddings, fp16 (dummy weights), short texts" in text
+    assert "### serve_app: MiniLM-L6 embeddings, fp16 (dummy weights), mixed queries" in text
+    assert "### Texts and tokens per second" in text
+    assert "| serve_app | mixed | 4 (no GPU) | 16 | wrk | 800.0 | 1,600 | 80,000 | 0.50x |" in text

@@ -120,3 +120,30 @@ def test_rows_carry_the_kept_runs_server_cpu_and_its_ratio_to_the_noop() -> None
     assert peer["server_cpu_vs_noop"] == pytest.approx(8.0)
     assert other_count["server_cpu_vs_noop"] is None  # no no-op at 8 replicas
     assert noop["server_cpu_vs_noop"] is None
+
+
+def test_text_rows_carry_tokens_per_s_and_their_ratio_to_the_same_workloads_ceiling() -> None:
+    mixed = common_row(payload="minilm-x16-mixed-float", workload="mixed", tokens_per_request=800.0)
+    tries = [{**parse_wrk_output(WRK_OUTPUT), "connections": 64, "threads": 16}]
+    served = rows.wrk_row(mixed, tries)
+    assert served["texts_per_s"] == 9950.0 * 16 and served["tokens_per_s"] == 9950.0 * 800.0
+    assert rows.wrk_row(common_row(), tries)["tokens_per_s"] is None  # no token count given
+    doc = {
+        "status": "ok",
+        "workload": "mixed",
+        "items_per_s": {"64": 9000.0, "128": 10000.0},
+        # the batch of most texts/s is not the one of most tokens/s: tokens/s picks
+        "tokens_per_s": {"64": 600000.0, "128": 500000.0},
+    }
+    ceiling = rows.ceiling_row("minilm", doc, "0-15")
+    assert ceiling["ceiling_batch"] == 64 and ceiling["ceiling_tokens_per_s"] == 600000.0
+    assert ceiling["texts_per_s"] == 9000.0 and ceiling["workload"] == "mixed"
+    short_ceiling = rows.new_row(
+        setup="in_process", model="minilm", status="ok", ceiling_items_per_s=1e6
+    )  # a row of an earlier run, before rows named their workload: the short one
+    short_ceiling["ceiling_tokens_per_s"] = 9e6
+    table = [short_ceiling, ceiling, served]
+    rows.apply_ceilings(table)
+    assert served["ceiling_tokens_per_s"] == 600000.0 and served["ceiling_batch"] == 64
+    assert served["vs_ceiling_tokens"] == pytest.approx(9950.0 * 800.0 / 600000.0)
+    assert rows.row_key(served) != rows.row_key({**served, "workload": None})

@@ -122,3 +122,22 @@ def test_the_peers_get_the_model_payloads_and_serve_minilm_only() -> None:
     assert [p.key for p in job_payloads(jobs[0], cfg)] == ["minilm-x1-float", "minilm-x16-float"]
     keys = [p.key for p in client_payloads(dict(cfg, models=["minilm"]))]
     assert keys == ["minilm-x1-float", "minilm-x16-float"]
+
+
+def test_the_mixed_workload_applies_to_minilm_and_its_ceiling_embeds_the_same_texts() -> None:
+    from load_tests.benchmarks.throughput.setups import ceiling_texts, client_payloads
+
+    cfg = {"models": ["minilm", "resnet50"], "inputs_per_request": [1, 4]}
+    cfg.update(encoding_format="float", phases=["client"], workload="mixed")
+    keys = [p.key for p in client_payloads(cfg)]
+    assert keys == [
+        "minilm-x1-mixed-float",
+        "minilm-x4-mixed-float",
+        "resnet50-x1-raw",
+        "resnet50-x4-b64",
+    ]
+    x4 = client_payloads(cfg)[1]
+    assert ceiling_texts("minilm", cfg) == list(x4.texts) and len(x4.texts) == 64 * 4
+    assert ceiling_texts("minilm", dict(cfg, ceiling_max_texts=8)) == list(x4.texts[:8])
+    assert ceiling_texts("resnet50", cfg) is None
+    assert ceiling_texts("minilm", dict(cfg, workload="short")) is None

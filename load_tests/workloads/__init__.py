@@ -1,0 +1,1 @@
+"""Request workloads shared by the benchmarks: what the texts are and how long."""
