@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from serve_app.plan.measurements import Measurements
-from serve_app.plan.readings import MemoryFigures
+from serve_app.plan.readings import MemoryFigures, entry_doc
 from serve_app.plan.targets import ModelTarget
 
 MIN_BATCHES = 20  # batches in the window below which no rate is estimated
@@ -275,30 +275,15 @@ def live_model_entry(
         "plan --measure reads the ingress's CPU); the reserve's cores must hold the ingress",
         "p99_target_s": "the targets file",
     }
-    entry: dict[str, Any] = {
-        "context_bytes": memory.context_bytes,
-        "weights_bytes": memory.weights_bytes,
-        "graph_pool_bytes": memory.graph_pool_bytes,
-        "activation_peak_bytes": {str(n): b for n, b in memory.activation_peak_bytes.items()},
-        "candidates": [
-            {
-                "batch_size": w.cap,
-                "throughput_rps": sat,
-                "p99_idle_s": p99,
-                "gpu_s_per_request": gpu_s,
-            }
-        ],
-        "cpu_s_per_request": cpu_s,
-        "num_cpus": num_cpus,
-        "p99_target_s": target.p99_target_s,
-        "weight": target.weight,
-        "min_replicas": target.min_replicas,
-        "max_replicas": target.max_replicas,
-        "sources": sources,
+    candidate = {
+        "batch_size": w.cap,
+        "throughput_rps": sat,
+        "p99_idle_s": p99,
+        "gpu_s_per_request": gpu_s,
     }
-    if target.load_rps is not None:
-        entry["load_rps"] = target.load_rps
-    return entry
+    return entry_doc(
+        memory, memory.activation_peak_bytes, [candidate], cpu_s, num_cpus, target, sources
+    )
 
 
 def gpu_entry(

@@ -262,20 +262,37 @@ def model_entry(
         "request, the least of the batch sizes",
         "p99_target_s": "the targets file",
     }
+    return entry_doc(
+        memory, peaks, cands, cpu_s, num_cpus, target, sources, ingress_cpu_s_per_request=ingress_s
+    )
+
+
+def entry_doc(
+    memory: MemoryFigures,
+    peaks: Mapping[int, int],
+    candidates: Sequence[Mapping[str, Any]],
+    cpu_s_per_request: float,
+    num_cpus: float,
+    target: ModelTarget,
+    sources: Mapping[str, str],
+    ingress_cpu_s_per_request: float = 0.0,
+) -> dict[str, Any]:
+    """One ``models.<application>`` entry of the measurements file from its parts (plan
+    --measure's and plan --from-running's alike)."""
     entry = {
         "context_bytes": memory.context_bytes,
         "weights_bytes": memory.weights_bytes,
         "graph_pool_bytes": memory.graph_pool_bytes,
         "activation_peak_bytes": {str(n): b for n, b in sorted(peaks.items())},
-        "candidates": cands,
-        "cpu_s_per_request": cpu_s,
-        "ingress_cpu_s_per_request": ingress_s,
+        "candidates": [dict(c) for c in candidates],
+        "cpu_s_per_request": cpu_s_per_request,
+        "ingress_cpu_s_per_request": ingress_cpu_s_per_request,
         "num_cpus": num_cpus,
         "p99_target_s": target.p99_target_s,
         "weight": target.weight,
         "min_replicas": target.min_replicas,
         "max_replicas": target.max_replicas,
-        "sources": sources,
+        "sources": dict(sources),
     }
     if target.load_rps is not None:
         entry["load_rps"] = target.load_rps
