@@ -31,8 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from serve_app.plan.measurements import Measurements
-from serve_app.plan.readings import MemoryFigures, entry_doc
+from serve_app.plan.readings import MemoryFigures, entry_doc, measurements_doc
 from serve_app.plan.targets import ModelTarget
 
 MIN_BATCHES = 20  # batches in the window below which no rate is estimated
@@ -322,14 +321,11 @@ def measurements_live(
     notes: Sequence[str],
 ) -> dict[str, Any]:
     """The measurements file (format 1) from live figures, validated as ``plan`` reads it."""
-    doc = {
-        "format": 1,
-        "mode": "mps" if mps else "time-sliced",
-        "margin_fraction": margin_fraction,
-        "gpus": [dict(gpu)],
-        "reserve": dict(reserve),
-        "models": dict(models),
-        "notes": list(notes),
-    }
-    Measurements.model_validate(doc)
-    return doc
+    return measurements_doc(
+        models=models,
+        gpu=gpu,
+        margin_fraction=margin_fraction,
+        reserve=reserve,
+        notes=notes,
+        mode="mps" if mps else "time-sliced",
+    )

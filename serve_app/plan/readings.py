@@ -306,12 +306,13 @@ def measurements_doc(
     margin_fraction: float,
     reserve: Mapping[str, Any],
     notes: Sequence[str],
+    mode: str = "time-sliced",
 ) -> dict[str, Any]:
-    """The measurements file (format 1), validated as ``serve-app plan`` reads it; time-sliced:
-    one replica had the GPU to itself."""
+    """The measurements file (format 1), validated as ``serve-app plan`` reads it; ``mode``:
+    plan --measure's is time-sliced (one replica had the GPU to itself)."""
     doc = {
         "format": 1,
-        "mode": "time-sliced",
+        "mode": mode,
         "margin_fraction": margin_fraction,
         "gpus": [dict(gpu)],
         "reserve": dict(reserve),
