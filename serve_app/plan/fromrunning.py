@@ -281,6 +281,7 @@ def build_measurements(
         gpu=gpu,
         mps=any(r.get("enforcement") == "mps" for r in every),
         margin_fraction=targets.margin_fraction,
+        max_utilization=targets.max_utilization,
         reserve=targets.reserve.model_dump(),
         notes=notes,
     )

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from serve_app.plan.measurements import MAX_UTILIZATION
 from serve_app.plan.readings import MemoryFigures, entry_doc, measurements_doc
 from serve_app.plan.targets import ModelTarget
 
@@ -317,6 +318,7 @@ def measurements_live(
     gpu: Mapping[str, Any],
     mps: bool,
     margin_fraction: float,
+    max_utilization: float = MAX_UTILIZATION,
     reserve: Mapping[str, Any],
     notes: Sequence[str],
 ) -> dict[str, Any]:
@@ -325,6 +327,7 @@ def measurements_live(
         models=models,
         gpu=gpu,
         margin_fraction=margin_fraction,
+        max_utilization=max_utilization,
         reserve=reserve,
         notes=notes,
         mode="mps" if mps else "time-sliced",

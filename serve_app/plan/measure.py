@@ -391,6 +391,7 @@ def measure(
         models=models,
         gpu=gpu,
         margin_fraction=targets.margin_fraction,
+        max_utilization=targets.max_utilization,
         reserve=targets.reserve.model_dump(),
         notes=notes,
     )

@@ -19,6 +19,10 @@ from serve_app.errors import ConfigError
 from serve_app.plan.solver import Candidate, Gpu, ModelAsk, Problem, Reserve
 
 FORMAT = 1
+# The most of a replica's measured saturation rate a plan asks of it: the headroom that keeps an
+# open-loop p99 stable when neighbours share the host's cores (issue 28 judges p99 at 80% of peak).
+MAX_UTILIZATION = 0.8
+UTILIZATION_HELP = "the most of a replica's saturation rate a plan asks of it"
 
 
 class _Strict(BaseModel):
@@ -83,6 +87,9 @@ class Measurements(_Strict):
     format: Literal[1] = 1
     mode: Literal["time-sliced", "mps"] = "time-sliced"
     margin_fraction: float = Field(default=0.1, ge=0, le=1, description="added to each budget")
+    max_utilization: float = Field(
+        default=MAX_UTILIZATION, gt=0, le=1, description=UTILIZATION_HELP
+    )
     gpus: list[GpuSpec] = Field(min_length=1)
     reserve: ReserveSpec = Field(default_factory=ReserveSpec)
     models: dict[str, ModelSpec] = Field(min_length=1, description="application name -> model")
@@ -126,6 +133,7 @@ def to_problem(m: Measurements) -> Problem:
                 max_replicas=spec.max_replicas,
                 num_cpus=spec.num_cpus,
                 ingress_cpu_s_per_request=spec.ingress_cpu_s_per_request,
+                max_utilization=m.max_utilization,
             )
         )
     gpus = tuple(Gpu(g.name, g.total_bytes, g.cores) for g in m.gpus for _ in range(g.count))

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from serve_app.plan.measurements import Measurements
+from serve_app.plan.measurements import MAX_UTILIZATION, Measurements
 from serve_app.plan.targets import ModelTarget
 
 
@@ -304,6 +304,7 @@ def measurements_doc(
     models: Mapping[str, dict[str, Any]],
     gpu: Mapping[str, Any],
     margin_fraction: float,
+    max_utilization: float = MAX_UTILIZATION,
     reserve: Mapping[str, Any],
     notes: Sequence[str],
     mode: str = "time-sliced",
@@ -314,6 +315,7 @@ def measurements_doc(
         "format": 1,
         "mode": mode,
         "margin_fraction": margin_fraction,
+        "max_utilization": max_utilization,
         "gpus": [dict(gpu)],
         "reserve": dict(reserve),
         "models": dict(models),

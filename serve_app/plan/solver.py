@@ -13,7 +13,8 @@ and the properties in tests/unit/plan/test_solver.py hold by construction:
 - GPU time: the requests each GPU serves, times each model's GPU seconds per request, fit one
   second per second less a reserve (time-slicing; under MPS kernels overlap, so it is a bound);
 - p99: a model's load, split evenly over its replicas (as HAProxy does), keeps each replica at
-  or below the rate at which the p99 model meets the target;
+  or below the rate at which the p99 model meets the target, and at or below ``max_utilization``
+  of the replica's saturation rate;
 - the objective: total weighted throughput, at each model's stated load, or for a model stated
   by weight only, the most it can serve within its p99 target.
 
@@ -47,12 +48,14 @@ class Candidate:
     p99_idle_s: float
     gpu_s_per_request: float
 
-    def rate_within(self, target_s: float) -> float:
-        """The highest per-replica rate whose predicted p99 meets ``target_s`` (0: none)."""
+    def rate_within(self, target_s: float, max_utilization: float = 1.0) -> float:
+        """The highest per-replica rate whose predicted p99 meets ``target_s``, and at most
+        ``max_utilization`` of saturation (0: none)."""
         slack = target_s - self.p99_idle_s
         if slack <= 0:
             return 0.0
-        return max(0.0, self.throughput_rps - TAIL / slack)
+        tail = max(0.0, self.throughput_rps - TAIL / slack)
+        return min(tail, max_utilization * self.throughput_rps)
 
     def p99_at(self, rate_rps: float) -> float:
         if rate_rps >= self.throughput_rps:
@@ -71,6 +74,9 @@ class ModelAsk:
     max_replicas: int = 64
     num_cpus: float = 1.0
     ingress_cpu_s_per_request: float = 0.0  # HAProxy's (and Ray's proxy's) CPU a request costs
+    # A replica is planned at most this fraction of its saturation rate: the M/M/1 tail alone
+    # would plan a batching replica within a few requests/s of its measured peak.
+    max_utilization: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -162,7 +168,11 @@ def solve(problem: Problem) -> Plan:
     smallest = min(g.total_bytes for g in gpus)
     cands: list[list[Candidate]] = []
     for m in models:
-        usable = [c for c in m.candidates if m.load_rps is None or c.rate_within(m.p99_target_s)]
+        usable = [
+            c
+            for c in m.candidates
+            if m.load_rps is None or c.rate_within(m.p99_target_s, m.max_utilization)
+        ]
         if not usable:
             raise Infeasible(
                 f"{m.name}: no candidate meets the p99 target of {m.p99_target_s:g} s even at a "
@@ -208,7 +218,7 @@ def solve(problem: Problem) -> Plan:
                 rows.append(({var("r", i, c, g): 1.0, var("y", i, c): -m.max_replicas}, -np.inf, 0))
         xs = {}
         for c, cand in enumerate(cands[i]):
-            rate = cand.rate_within(m.p99_target_s)
+            rate = cand.rate_within(m.p99_target_s, m.max_utilization)
             for g in range(n_gpu):
                 xs[var("x", i, c, g)] = 1.0
                 rows.append(({var("x", i, c, g): 1.0, var("r", i, c, g): -rate}, -np.inf, 0))

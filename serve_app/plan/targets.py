@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from serve_app.config.args import IMPORT_PATH, AppArgs, parse_args, validation_messages
 from serve_app.errors import ConfigError
 from serve_app.gpu.calibrate import candidate_sizes
-from serve_app.plan.measurements import ReserveSpec
+from serve_app.plan.measurements import MAX_UTILIZATION, UTILIZATION_HELP, ReserveSpec
 
 # Texts a request carries by default: the committed MiniLM throughputs the example measurements
 # cite were measured at 16 short texts a request (docs/planning.md, The proof).
@@ -48,6 +48,9 @@ class ModelTarget(_Strict):
 class Targets(_Strict):
     format: Literal[1] = 1
     margin_fraction: float = Field(default=0.1, ge=0, le=1)
+    max_utilization: float = Field(
+        default=MAX_UTILIZATION, gt=0, le=1, description=UTILIZATION_HELP
+    )
     reserve: ReserveSpec = Field(default_factory=ReserveSpec)
     models: dict[str, ModelTarget] = Field(min_length=1, description="application -> target")
 

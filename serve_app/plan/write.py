@@ -78,6 +78,7 @@ def _plan_doc(plan: Plan, measurements: Measurements) -> dict[str, Any]:
     return {
         "format": 1,
         "mode": measurements.mode,
+        "max_utilization": measurements.max_utilization,
         "objective_rps": plan.objective,
         "models": [
             {
@@ -163,7 +164,12 @@ def report_markdown(plan: Plan, measurements: Measurements, config_name: str) ->
             f"| {u.gpu_time:.2f} ({u.gpu_time_even_split:.2f}) of {u.gpu_time_cap:.2f} "
             f"| {', '.join(binds) or 'nothing'} |"
         )
-    lines += ["", "Assumptions and sources: see the measurements file's `sources` and `notes`."]
+    lines += [
+        "",
+        "Assumptions and sources: see the measurements file's `sources` and `notes`.",
+        f"- Each replica is planned at most {measurements.max_utilization:.0%} of its measured "
+        "saturation rate (`max_utilization`), and within its p99 target.",
+    ]
     if not any(spec.ingress_cpu_s_per_request for spec in measurements.models.values()):
         lines.append(
             "- The ingress (HAProxy, Ray's proxy) is charged no cores: no model has an "

@@ -48,6 +48,7 @@ def model_asks(draw: st.DrawFn, name: str) -> ModelAsk:
         num_cpus=draw(st.sampled_from([1.0, 2.0])),
         # Up to 5 ms a request: 200 req/s on one core, HAProxy's order for small requests.
         ingress_cpu_s_per_request=draw(st.one_of(st.just(0.0), st.floats(0.0, 0.005))),
+        max_utilization=draw(st.sampled_from([1.0, 0.8, 0.5])),
     )
 
 
@@ -152,6 +153,31 @@ def test_a_higher_ingress_cost_never_raises_the_planned_throughput(
     assert before is not None, "a plan that fit a higher ingress cost must fit a lower one"
     # Both optima are exact; the solver's row tolerance (1e-6) is all that may differ.
     assert after.objective <= before.objective * (1 + 1e-5) + 1e-4
+
+
+@SETTINGS
+@given(problems())
+def test_no_replica_is_planned_above_its_utilization_cap(problem: Problem) -> None:
+    plan = plan_or_none(problem)
+    if plan is None:
+        return
+    for ask, m in zip(problem.models, plan.models, strict=True):
+        if m.total_replicas:
+            per_replica = m.throughput_rps / m.total_replicas
+            cap = ask.max_utilization * m.candidate.throughput_rps
+            assert per_replica <= cap * (1 + 1e-6) + 1e-6, (ask.name, per_replica, cap)
+
+
+def test_the_utilization_cap_lowers_a_weighted_models_rate_and_its_p99() -> None:
+    cand = Candidate(32, GIB, 1000.0, 0.005, 0.0)
+    ask = ModelAsk("m", (cand,), p99_target_s=0.2, max_replicas=1)
+    gpus = (Gpu("g", 80 * GIB, 16),)
+    full = solve(Problem((ask,), gpus))
+    capped = solve(Problem((dataclasses.replace(ask, max_utilization=0.8),), gpus))
+    # The M/M/1 tail alone plans it within 24 req/s of saturation; the cap, at 800.
+    assert full.models[0].throughput_rps == pytest.approx(1000.0 - 4.60517 / 0.195, rel=1e-4)
+    assert capped.models[0].throughput_rps == pytest.approx(800.0, rel=1e-6)
+    assert capped.models[0].p99_s == pytest.approx(0.005 + 4.60517 / 200.0, rel=1e-4)
 
 
 def test_share_units_round_up_so_the_budget_is_at_least_the_stated_bytes() -> None:
