@@ -72,7 +72,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration-s", type=float, default=None, help="each load (default 30)")
     p.add_argument("--warmup-s", type=float, default=None, help="before each window (5)")
     p.add_argument("--items-per-request", type=int, default=None, help="texts a request (16)")
-    p.add_argument("--client-cores", default="", help="the open-loop client's cores, e.g. 12-15")
+    p.add_argument("--client-cores", default="", help="the open-loop client's cores, e.g. 8-15")
+    p.add_argument(
+        "--server-cores",
+        default="",
+        help="the cores Ray and every replica are pinned to (default: the others, when "
+        "--client-cores is given); the plan is made for these cores",
+    )
+    p.add_argument(
+        "--reserve-cores",
+        type=float,
+        default=None,
+        help="the plan's reserve on the server's cores (Ray's daemons, the OS); default: the "
+        "measurements file's",
+    )
     p.add_argument("--ready-timeout-s", type=float, default=300.0)
     return p
 
@@ -80,7 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
 def settings(a: argparse.Namespace) -> dict[str, Any]:
     quick = bool(a.quick)
     pick = lambda v, full, small: v if v is not None else (small if quick else full)  # noqa: E731
-    cores = parse_cores(a.client_cores) if a.client_cores else sorted(os.sched_getaffinity(0))
+    mine = sorted(os.sched_getaffinity(0))
+    cores = parse_cores(a.client_cores) if a.client_cores else mine
+    if a.server_cores:
+        server = parse_cores(a.server_cores)
+    else:
+        server = [c for c in mine if c not in cores] if a.client_cores else []
+    if a.client_cores and a.server_cores and set(server) & set(cores):
+        raise SystemExit(
+            f"--server-cores and --client-cores share {sorted(set(server) & set(cores))}"
+        )
+    if a.client_cores and not server:
+        raise SystemExit("--client-cores leaves no core for the server: give --server-cores")
     return {
         "quick": quick,
         "config": str(a.config or DEFAULT_CONFIG),
@@ -93,6 +117,8 @@ def settings(a: argparse.Namespace) -> dict[str, Any]:
         "items_per_request": pick(a.items_per_request, 16, 4),
         "image_size": 64 if quick else 224,
         "client_cores": cores,
+        "server_cores": server,  # empty: not pinned (the CPU dry run)
+        "reserve_cores": a.reserve_cores,
         "request_timeout_s": 10.0,
         "ready_timeout_s": a.ready_timeout_s,
         "rate_per_client_proc": RATE_PER_CLIENT_PROC,
@@ -128,6 +154,29 @@ def plan_config(cfg: Mapping[str, Any], out: Path, port: int) -> tuple[Path, lis
         doc = with_port(source, port)
     path = out / "config.yaml"
     path.write_text(f"# {cfg['config']} as this proof plans it\n" + yaml.safe_dump(doc))
+    return path, notes
+
+
+def server_measurements(cfg: Mapping[str, Any], out: Path) -> tuple[Path, list[str]]:
+    """The measurements the plan is made from, OUT/measurements.json: the file given, with its
+    GPU's cores set to the server's pinned cores and, with --reserve-cores, that reserve."""
+    doc = json.loads(Path(cfg["measurements"]).read_text())
+    notes = []
+    if cfg["server_cores"]:
+        stated = [g.get("cores") for g in doc["gpus"]]
+        for g in doc["gpus"]:
+            g["cores"] = float(len(cfg["server_cores"]))
+        notes.append(
+            f"planned for the server's {len(cfg['server_cores'])} pinned cores "
+            f"{cfg['server_cores']} (the measurements file stated {stated}); the client has "
+            f"{len(cfg['client_cores'])} others {cfg['client_cores']}"
+        )
+    if cfg["reserve_cores"] is not None:
+        old = (doc.get("reserve") or {}).get("cores", 0.0)
+        doc.setdefault("reserve", {})["cores"] = float(cfg["reserve_cores"])
+        notes.append(f"the plan's reserve: {cfg['reserve_cores']:g} cores (the file stated {old})")
+    path = out / "measurements.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
     return path, notes
 
 
@@ -290,10 +339,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config_path, notes = plan_config(cfg, out, ports.free_port())
         result["notes"] += notes
-        printed = write_plan(str(config_path), cfg["measurements"], str(out / "plan"))
+        measurements, notes = server_measurements(cfg, out)
+        result["notes"] += notes
+        printed = write_plan(str(config_path), str(measurements), str(out / "plan"))
         plan_doc = json.loads((out / "plan" / "plan.json").read_text())
         planned = yaml.safe_load((out / "plan" / "serve_config.yaml").read_text())
-        m = load_measurements(cfg["measurements"])
+        m = load_measurements(measurements)
         num_cpus = {name: spec.num_cpus for name, spec in m.models.items()}
         naive, naive_notes = naive_config(planned, plan_doc, num_cpus)
         (out / "naive").mkdir(exist_ok=True)
@@ -324,6 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             work.mkdir(parents=True, exist_ok=True)
             pools[name] = OpenLoopPool(its, None, work)
         write_json(path, result)
+        if cfg["server_cores"]:  # Ray, started below, and every replica inherit it
+            os.sched_setaffinity(0, cfg["server_cores"])
         phases: dict[str, Any] = {}
         for phase, doc in (("plan", planned), ("naive", naive)):
             log(f"planproof: deploying the {phase} config")
