@@ -2,10 +2,12 @@
 is compared with, goodput, one model's row, and the verdict of issue 27.
 
 The naive config (docs/planning.md, "The proof"): the plan's applications, with their planned
-batch caps, and the plan's total GPU share split equally among all replicas of all models.
-Every model gets the same replica count: the most for which the replicas' ``num_cpus`` fit the
-cores the plan may use (its ``cores_cap``) and the equal share still holds every model's planned
-budget (else its replicas could not start). Its replicas state no ``memory.budget``: the budget
+batch caps, and the plan's total GPU share split equally among all replicas of all models, or,
+where that equal share is below the largest planned budget, that budget's share for every
+replica (else its replicas could not start). Every model gets the same replica count: the most
+for which the replicas' ``num_cpus`` fit the cores the plan may use (its ``cores_cap``) and the
+equal shares hold no more than the plan's total (one replica each may hold more) and fit the
+GPU. Its replicas state no ``memory.budget``: the budget
 is the share's bytes, as in a hand-written config of fractions.
 """
 
@@ -51,19 +53,24 @@ def naive_counts(plan: Mapping[str, Any], num_cpus: Mapping[str, float]) -> tupl
     need_units = max(round(m["num_gpus"] * UNITS) for m in models)
     cores_each = sum(float(num_cpus[m["application"]]) for m in models)
     cores_cap = float(gpus[0]["cores_cap"])
+    units_cap = int(gpus[0]["share_units_cap"])
     n = len(models)
     best = 0
     for r in range(1, 257):
-        if r * cores_each > cores_cap + 1e-9 or total_units // (r * n) < need_units:
+        # At most the plan's total share, save one replica each at the largest budget.
+        held = r * n * max(total_units // (r * n), need_units)
+        if r * cores_each > cores_cap + 1e-9 or held > max(total_units, n * need_units):
+            break
+        if held > units_cap:
             break
         best = r
     if best == 0:
         raise ValueError(
             f"no naive config: one replica of each of the {n} models needs {cores_each:g} cores "
-            f"(the plan may use {cores_cap:g}) and {need_units} share units each (the plan "
-            f"holds {total_units} in all)"
+            f"(the plan may use {cores_cap:g}) and {need_units} share units each (the GPU has "
+            f"{units_cap})"
         )
-    return best, total_units // (best * n)
+    return best, max(total_units // (best * n), need_units)
 
 
 def naive_config(

@@ -55,13 +55,15 @@ def test_the_naive_config_of_the_h200_example_plan() -> None:
     )
 
 
-def _plan(models: list[tuple[str, float, int]], cores_cap: float, gpus: int = 1) -> dict[str, Any]:
+def _plan(
+    models: list[tuple[str, float, int]], cores_cap: float, gpus: int = 1, units_cap: int = 9856
+) -> dict[str, Any]:
     return {
         "models": [
             {"application": n, "num_gpus": share, "replicas_per_gpu": [reps]}
             for n, share, reps in models
         ],
-        "gpus": [{"cores_cap": cores_cap}] * gpus,
+        "gpus": [{"cores_cap": cores_cap, "share_units_cap": units_cap}] * gpus,
     }
 
 
@@ -71,8 +73,11 @@ def test_naive_counts_bound_by_cores_and_by_the_largest_budget() -> None:
     assert naive_counts(_plan([("a", 0.0001, 8), ("b", 0.0001, 2)], 4.0), cpus) == (2, 2)
     # b's budget needs 6 units; 12 units in all hold one of each at 6, not two.
     assert naive_counts(_plan([("a", 0.0001, 6), ("b", 0.0006, 1)], 16.0), cpus) == (1, 6)
-    with pytest.raises(ValueError, match="no naive config"):
-        naive_counts(_plan([("a", 0.0001, 1), ("b", 0.0006, 1)], 16.0), cpus)
+    # 7 units in all cannot give both 6: one replica each at b's budget holds 12 (the H200
+    # proof's case: the images budget over a quarter of the plan's share).
+    assert naive_counts(_plan([("a", 0.0001, 1), ("b", 0.0006, 1)], 16.0), cpus) == (1, 6)
+    with pytest.raises(ValueError, match="no naive config.*the GPU has 10"):
+        naive_counts(_plan([("a", 0.0001, 1), ("b", 0.0006, 1)], 16.0, units_cap=10), cpus)
     with pytest.raises(ValueError, match="no naive config.*2 cores"):
         naive_counts(_plan([("a", 0.0001, 1), ("b", 0.0001, 1)], 1.5), cpus)
     with pytest.raises(ValueError, match="one GPU; this plan has 2"):
