@@ -37,6 +37,7 @@ from serve_app.plan.targets import (
     candidate_batch_sizes,
     check_targets,
     load_targets,
+    measured_mode,
     request_for,
     serve_app_apps,
 )
@@ -342,6 +343,8 @@ def measure(
     doc = load_deploy_config(config)
     targets = load_targets(targets_path)
     errors = check_targets(doc, targets) + check_deploy_config(doc)
+    mode, mode_errors = measured_mode(doc)
+    errors += mode_errors
     if errors:
         raise ConfigError("cannot measure:\n  " + "\n  ".join(errors))
     folder = Path(out)
@@ -383,7 +386,7 @@ def measure(
         if cluster.started:
             launch.shutdown()
     notes = [
-        "Measured one replica at a time, alone on its GPU (time-sliced; MPS not measured); "
+        f"Measured one replica at a time, alone on its GPU ({mode}); "
         f"each batch cap {s.duration_s:g} s at saturation after {s.warmup_s:g} s, and "
         f"{s.idle_duration_s:g} s one request at a time. Every window: readings.json."
     ]
@@ -394,6 +397,7 @@ def measure(
         max_utilization=targets.max_utilization,
         reserve=targets.reserve.model_dump(),
         notes=notes,
+        mode=mode,
     )
     path = folder / "measurements.json"
     path.write_text(json.dumps(doc_out, indent=1) + "\n")

@@ -166,3 +166,21 @@ def request_for(args: AppArgs, target: ModelTarget) -> tuple[bytes, str, int]:
     else:
         raise ConfigError(f"no built-in request for adapter {args.adapter!r}; set request")
     return json.dumps(body).encode(), "application/json", n
+
+
+def measured_mode(doc: dict[str, Any]) -> tuple[str, list[str]]:
+    """``mps`` when every application's memory.enforcement runs it under MPS, ``time-sliced``
+    when none does; a mix is an error (the measurements file states one mode)."""
+    from serve_app.config.deploy import enforcements
+    from serve_app.gpu import mps
+
+    uses = {name: mps.uses_mps(e) for name, e in enforcements(doc).items()}
+    if uses and all(uses.values()):
+        return "mps", []
+    if any(uses.values()):
+        on = sorted(n for n, u in uses.items() if u)
+        return "time-sliced", [
+            f"applications {on} set memory.enforcement mps and the others do not: a measurements "
+            "file states one mode; set the same enforcement on every application"
+        ]
+    return "time-sliced", []
