@@ -86,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the plan's reserve on the server's cores (Ray's daemons, the OS); default: the "
         "measurements file's",
     )
+    p.add_argument(
+        "--max-utilization",
+        type=float,
+        default=None,
+        help="plan each replica at most this fraction of its measured saturation rate; "
+        "default: the measurements file's",
+    )
     p.add_argument("--ready-timeout-s", type=float, default=300.0)
     return p
 
@@ -119,6 +126,7 @@ def settings(a: argparse.Namespace) -> dict[str, Any]:
         "client_cores": cores,
         "server_cores": server,  # empty: not pinned (the CPU dry run)
         "reserve_cores": a.reserve_cores,
+        "max_utilization": a.max_utilization,
         "request_timeout_s": 10.0,
         "ready_timeout_s": a.ready_timeout_s,
         "rate_per_client_proc": RATE_PER_CLIENT_PROC,
@@ -175,6 +183,10 @@ def server_measurements(cfg: Mapping[str, Any], out: Path) -> tuple[Path, list[s
         old = (doc.get("reserve") or {}).get("cores", 0.0)
         doc.setdefault("reserve", {})["cores"] = float(cfg["reserve_cores"])
         notes.append(f"the plan's reserve: {cfg['reserve_cores']:g} cores (the file stated {old})")
+    if cfg["max_utilization"] is not None:
+        old = doc.get("max_utilization")
+        doc["max_utilization"] = float(cfg["max_utilization"])
+        notes.append(f"max_utilization {cfg['max_utilization']:g} (the file stated {old})")
     path = out / "measurements.json"
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return path, notes

@@ -146,6 +146,8 @@ def model_row(
         "error_counts": s.get("error_counts"),
         "goodput_rps": goodput_rps,
         "client_keeps_up": bool(s.get("client_keeps_up")),
+        "send_lag_p99_ms": s.get("send_lag_p99_ms"),
+        "client_cpu_frac_max": s.get("client_cpu_frac_max"),
         "error": s.get("error"),
     }
 

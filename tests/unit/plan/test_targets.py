@@ -16,6 +16,7 @@ from serve_app.plan.targets import (
     candidate_batch_sizes,
     check_targets,
     load_targets,
+    measured_mode,
     request_for,
 )
 
@@ -115,3 +116,15 @@ def test_built_in_requests_carry_the_stated_items() -> None:
         {"models": {"x": {"p99_target_s": 1, "items_per_request": 4}}}
     ).models["x"]
     assert len(json.loads(request_for(parse_args({}), four)[0])["input"]) == 4
+
+
+def test_the_measured_mode_is_mps_only_when_every_application_runs_under_it() -> None:
+    doc = yaml.safe_load(RAG.read_text())
+    assert measured_mode(doc) == ("time-sliced", [])
+    for app in doc["applications"]:
+        app["args"]["memory"]["enforcement"] = "mps"
+    assert measured_mode(doc) == ("mps", [])
+    doc["applications"][0]["args"]["memory"]["enforcement"] = "torch"
+    mode, errors = measured_mode(doc)
+    assert mode == "time-sliced" and len(errors) == 1
+    assert "set the same enforcement on every application" in errors[0]
