@@ -198,3 +198,44 @@ def verdict(
     out["failed"] = [k for k in keys if not out[k]]
     out["all_ok"] = not out["failed"]
     return out
+
+
+STAGES = ("request", "decode", "queue", "inference", "encode")  # docs/metrics.md
+
+
+def stage_times(before: str, after: str, apps: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per application, each stage's mean and p99 (to its bucket's upper bound) between two
+    scrapes of Ray's metrics (``ray_serve_app_<stage>_seconds``, summed over replicas), and
+    the count each is of; a stage with no new observations is left out. ``inference`` is per
+    batch, the others per request."""
+    from serve_app.plan.scrape import _p99, parse
+
+    b, a = parse(before), parse(after)
+
+    def summed(samples: Sequence[Any], name: str, app: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for x in samples:
+            if x.name == name and x.labels.get("application") == app:
+                key = x.labels.get("le", "")
+                out[key] = out.get(key, 0.0) + x.value
+        return out
+
+    result: dict[str, dict[str, Any]] = {}
+    for app in apps:
+        stages: dict[str, Any] = {}
+        for stage in STAGES:
+            base = f"ray_serve_app_{stage}_seconds"
+            count = summed(a, base + "_count", app).get("", 0.0) - summed(
+                b, base + "_count", app
+            ).get("", 0.0)
+            if count <= 0:
+                continue
+            total = summed(a, base + "_sum", app).get("", 0.0) - summed(b, base + "_sum", app).get(
+                "", 0.0
+            )
+            nb, na = summed(b, base + "_bucket", app), summed(a, base + "_bucket", app)
+            buckets = sorted((float(le), na[le] - nb.get(le, 0.0)) for le in na)
+            p99, _ = _p99(buckets, count)
+            stages[stage] = {"count": count, "mean_s": total / count, "p99_s": p99}
+        result[app] = stages
+    return result

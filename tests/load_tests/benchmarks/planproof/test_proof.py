@@ -16,6 +16,7 @@ from load_tests.benchmarks.planproof.proof import (
     model_row,
     naive_config,
     naive_counts,
+    stage_times,
     verdict,
 )
 from load_tests.harness.meta import ROOT
@@ -156,3 +157,24 @@ def test_keep_applications_keeps_the_measured_ones() -> None:
     assert len(notes) == 2 and "classify-text" in notes[0]
     assert len(rag["applications"]) == 4
     assert yaml.safe_dump(doc)  # plain data, writable as a config
+
+
+def _exposition(count: float, total: float, buckets: list[tuple[str, float]]) -> str:
+    lines = ["# TYPE ray_serve_app_queue_seconds histogram"]
+    for replica in ("a", "b"):  # two replicas of one application, summed
+        labels = f'application="img",replica="{replica}"'
+        lines.append(f"ray_serve_app_queue_seconds_count{{{labels}}} {count / 2}")
+        lines.append(f"ray_serve_app_queue_seconds_sum{{{labels}}} {total / 2}")
+        for le, v in buckets:
+            lines.append(f'ray_serve_app_queue_seconds_bucket{{{labels},le="{le}"}} {v / 2}')
+    return "\n".join(lines) + "\n"
+
+
+def test_stage_times_are_the_window_between_two_scrapes_summed_over_replicas() -> None:
+    before = _exposition(10, 1.0, [("0.1", 10), ("0.5", 10), ("+Inf", 10)])
+    after = _exposition(110, 31.0, [("0.1", 20), ("0.5", 110), ("+Inf", 110)])
+    got = stage_times(before, after, ["img", "idle"])
+    # 100 requests in the window took 30 s in all; 90 of them between 0.1 and 0.5 s.
+    assert got["img"]["queue"] == {"count": 100.0, "mean_s": pytest.approx(0.3), "p99_s": 0.5}
+    assert "request" not in got["img"] and got["idle"] == {}
+    assert stage_times("", after, ["img"])["img"]["queue"]["count"] == 110.0
