@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from serve_app.plan.measurements import MAX_UTILIZATION
-from serve_app.plan.readings import MemoryFigures, entry_doc, measurements_doc
+from serve_app.plan.readings import MemoryFigures, cpu_memory, entry_doc, measurements_doc
 from serve_app.plan.targets import ModelTarget
 
 MIN_BATCHES = 20  # batches in the window below which no rate is estimated
@@ -203,18 +203,15 @@ def cpu_memory_live(replicas: Sequence[Mapping[str, Any]], rss_bytes: int | None
             "their resident memory from: run the command on the replicas' host"
         )
     cap = max(int(r["max_batch_size"]) for r in replicas)
-    note = "no GPU: 0"
-    return MemoryFigures(
-        context_bytes=0,
-        weights_bytes=rss_bytes,
-        graph_pool_bytes=0,
+    base = cpu_memory(rss_bytes)
+    # The cap in force is the one candidate live traffic measures; its peak is 0 like the rest.
+    return replace(
+        base,
         activation_peak_bytes={cap: 0},
-        how={
-            "context_bytes": note,
+        how=base.how
+        | {
             "weights_bytes": "no GPU: the replica processes' resident host memory (RSS, the "
-            "largest), a stand-in, not GPU bytes",
-            "graph_pool_bytes": note,
-            "activation_peak_bytes": note,
+            "largest), a stand-in, not GPU bytes"
         },
     )
 

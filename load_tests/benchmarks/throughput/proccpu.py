@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from serve_app.plan.ingress import HAPROXY, kind_of
+
 KINDS: tuple[str, ...] = (
     "replica",
     "haproxy",
@@ -50,7 +52,9 @@ def classify(name: str, cmdline: Sequence[str], litserve: bool = False) -> str:
     title = cmdline[0] if cmdline else ""
     base = os.path.basename(title.split(" ", 1)[0])
     joined = " ".join(cmdline)
-    if name == "haproxy" or base == "haproxy":
+    # HAProxy as the planner's ingress reading knows it; Ray's proxy is Serve's control plane
+    # here (the planner charges it to the ingress on purpose).
+    if kind_of(name, cmdline) == HAPROXY:
         return "haproxy"
     if litserve:
         return "replica" if "spawn_main" in joined else "litserve-http"
