@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# On the GPU host: issue 27's proof in one command of under 10 minutes (docs/planning.md, "The
+# proof"). The retrieval stack (configs/rag-stack.yaml with load_format: dummy, every application
+# under MPS unless MODE=time-sliced) is measured by `serve-app plan --measure` pinned to the
+# server's cores, so that each replica's figures are taken on the cores the plan gives it, then
+# planned and proved by load_tests.benchmarks.planproof with the client on the other cores.
+#
+# After the install line of the GPU host's README:
+#   SERVE_APP_CODE_COMMIT=<commit> OUT=$OUT bash scripts/gpu_planproof.sh
+# Writes $OUT/planproof.tgz: pm/ (measurements.json, readings.json, the plan) and pp/
+# (planproof.json, both configs, the metrics each phase scraped), with the logs.
+set -u
+SERVER_CORES="${SERVER_CORES:-0-9}"
+CLIENT_CORES="${CLIENT_CORES:-10-15}"
+MODE="${MODE:-mps}"
+OUT="${OUT:-/tmp/planproof-out}"
+WORK=/tmp/planproof
+export RAY_AUTH_MODE=token RAY_AUTH_TOKEN="${RAY_AUTH_TOKEN:-$(python3 -c "import secrets; print(secrets.token_hex(32))")}" RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
+mkdir -p "$OUT" "$WORK"
+sed_args=(-e 's/^      model_name: all-MiniLM-L6-v2$/&\n      load_format: dummy/')
+if [ "$MODE" = mps ]; then
+  sed_args+=(-e 's/memory: {cache_policy: threshold}/memory: {cache_policy: threshold, enforcement: mps}/')
+fi
+sed "${sed_args[@]}" configs/rag-stack.yaml > "$WORK/config.yaml"
+stop_all() { ray stop --force > /dev/null 2>&1; pkill -9 -x haproxy; echo quit | nvidia-cuda-mps-control > /dev/null 2>&1; sleep 2; }
+t0=$(date +%s)
+taskset -c "$SERVER_CORES" timeout 300 python3 -m serve_app plan "$WORK/config.yaml" --measure \
+  --targets examples/planning/rag-stack-targets.yaml --out "$WORK/pm" \
+  --candidates 2 --duration-s 6 --idle-duration-s 3 > "$WORK/pm.log" 2>&1
+echo "plan --measure rc $? at $(( $(date +%s) - t0 )) s"
+grep -E "^plan --measure: .* at batch" "$WORK/pm.log" | cut -c1-220
+stop_all
+t1=$(date +%s)
+timeout 240 python3 -m load_tests.benchmarks.planproof --out "$WORK/pp" --config "$WORK/config.yaml" \
+  --measurements "$WORK/pm/measurements.json" --client-cores "$CLIENT_CORES" \
+  --server-cores "$SERVER_CORES" --reserve-cores 1 --duration-s 15 > "$WORK/pp.log" 2>&1
+echo "planproof rc $? at $(( $(date +%s) - t1 )) s"
+grep -E "planproof: (plan|naive):|verdict|failed" "$WORK/pp.log" | grep -v "calibration cache" | cut -c1-400
+stop_all
+rm -rf "$WORK/pp/work" "$WORK/pm/calibration"
+grep -vE "HAProxyManager|^\s*$" "$WORK/pm.log" | cut -c1-400 > "$WORK/pm.short.log"
+grep -vE "HAProxyManager|^\s*$" "$WORK/pp.log" | cut -c1-400 > "$WORK/pp.short.log"
+rm -f "$WORK/pm.log" "$WORK/pp.log"
+tar czf "$OUT/planproof.tgz" -C "$WORK" .
+ls -la "$OUT"
