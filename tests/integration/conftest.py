@@ -119,7 +119,50 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     from ray import serve
 
     serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
+    _STOP.append(launch.shutdown)
     try:
         yield Cluster(base_url=f"http://127.0.0.1:{port}", nvml_script=script)
     finally:
-        launch.shutdown()
+        stop_cluster()
+
+
+# How to stop the shared cluster, once it runs (stop_cluster empties it: stopping is once).
+_STOP: list[Callable[[], None]] = []
+
+
+def stop_cluster() -> None:
+    while _STOP:
+        _STOP.pop()()
+
+
+def _uses_cluster(item: pytest.Item) -> bool:
+    return "cluster" in getattr(item, "fixturenames", ()) and Path(__file__).parent in (
+        item.path.parents
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules that use the shared cluster first, then those that start their own Ray
+    (serve-app run, the benchmark tools' dry runs, the two-node test), each group in its
+    collected order: the shared cluster is stopped between the two, not left idling beside
+    them (benchmarks/journal/2026-12-02-ci-time.md)."""
+    here = Path(__file__).parent
+    ours = [i for i in items if here in i.path.parents]
+    if not ours:
+        return
+    shared = {i.path for i in ours if _uses_cluster(i)}
+    ordered = [i for i in ours if i.path in shared] + [i for i in ours if i.path not in shared]
+    start = items.index(ours[0])
+    if items[start : start + len(ours)] == ours:  # one run of this folder's tests: reorder it
+        items[start : start + len(ours)] = ordered
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last module that uses the shared cluster (its module-scoped fixtures torn
+    down: pytest's own teardown of this hook ran first), stop the cluster."""
+    if not _uses_cluster(item) or (nextitem is not None and nextitem.path == item.path):
+        return
+    rest = item.session.items[item.session.items.index(item) + 1 :]
+    if not any(_uses_cluster(i) for i in rest):
+        stop_cluster()
