@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.integration.conftest import App
 from tests.unit.adapters.custom.user_models import PairScorer, Sentiment
 
 HERE = "tests.unit.adapters.custom.user_models"
@@ -31,10 +32,11 @@ def apps(cluster: Any) -> Iterator[tuple[str, str]]:
     predict = {**COMMON, "adapter": f"{HERE}:Sentiment", "wire": "predict"}
     try:
         t0 = time.monotonic()
-        urls = (
-            cluster.deploy("wire-rerank", "/wire-rerank", rerank, **opts),
-            cluster.deploy("wire-predict", "/wire-predict", predict, **opts),
+        rerank_url, predict_url = cluster.deploy_many(
+            App("wire-rerank", "/wire-rerank", rerank, opts),
+            App("wire-predict", "/wire-predict", predict, opts),
         )
+        urls = (rerank_url, predict_url)
         print(f"two user-model applications deployed in {time.monotonic() - t0:.1f} s")
         yield urls
     finally:

@@ -212,7 +212,10 @@ def test_memory_figures_are_ray_metrics(emb: str) -> None:
             text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0).text
         except httpx.HTTPError:
             text = ""
-        if "ray_serve_app_max_batch_size" in text:
+        lines = [ln for ln in text.splitlines() if ln.startswith("ray_serve_app_max_batch_size")]
+        # Wait for this app's replica: an earlier module's replica (deleted, its gauge still
+        # exported for a while) can be the first one listed.
+        if any(ln.rstrip().endswith(" 16.0") for ln in lines):
             break
         time.sleep(1.0)
     lines = [ln for ln in text.splitlines() if ln.startswith("ray_serve_app_max_batch_size")]

@@ -17,6 +17,7 @@ import pytest
 
 from serve_app.ops.launch import METRICS_PORT_VAR
 from serve_app.serving.metrics import exported_names
+from tests.integration.conftest import App
 
 ARGS = {
     "adapter": "embeddings",
@@ -52,10 +53,11 @@ pytestmark = pytest.mark.filterwarnings("ignore:The `metrics_interval_s`:Depreca
 @pytest.fixture(scope="module")
 def apps(cluster) -> Iterator[tuple[str, str]]:
     opts = {"ray_actor_options": {"num_cpus": 0.5}}
-    yield (
-        cluster.deploy("met", "/met", ARGS, autoscaling_config=AUTOSCALING, **opts),
-        cluster.deploy("mtmo", "/mtmo", TIMEOUT_ARGS, **opts),
+    met, mtmo = cluster.deploy_many(
+        App("met", "/met", ARGS, {"autoscaling_config": AUTOSCALING, **opts}),
+        App("mtmo", "/mtmo", TIMEOUT_ARGS, opts),
     )
+    yield met, mtmo
     cluster.delete("met")
     cluster.delete("mtmo")
 

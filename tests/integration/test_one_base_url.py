@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 
 from serve_app.ops.status import read_memory_report, render_status
+from tests.integration.conftest import App
 
 BASE = "/stack"
 EMB_MODEL = "all-MiniLM-L6-v2"
@@ -36,8 +37,9 @@ IMG = {
 def stack(cluster: Any) -> Iterator[str]:
     opts = {"ray_actor_options": {"num_cpus": 0.5}}
     try:
-        base = cluster.deploy("stack-emb", BASE, EMB, **opts)
-        cluster.deploy("stack-img", f"{BASE}/v1/classify", IMG, **opts)
+        base, _ = cluster.deploy_many(
+            App("stack-emb", BASE, EMB, opts), App("stack-img", f"{BASE}/v1/classify", IMG, opts)
+        )
         yield base
     finally:
         for name in ("stack-img", "stack-emb"):

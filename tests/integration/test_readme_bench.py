@@ -16,8 +16,10 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,49 +60,49 @@ def test_readme_bench_parsed_as_expected() -> None:
     assert "--model" not in argv  # the README relies on the default model name
 
 
-def test_readme_bench_command_gets_answers(cluster, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def readme_server(cluster) -> Iterator[str]:
+    """What `serve-app run` serves, at route prefix "/": deployed once for both commands."""
+    base = cluster.deploy("readme", "/", _readme_server_args(), ray_actor_options={"num_cpus": 0.5})
+    yield base
+    cluster.delete("readme")
+
+
+def test_readme_bench_command_gets_answers(cluster, readme_server: str, tmp_path: Path) -> None:
+    assert readme_server == cluster.base_url
     argv = readme_command("-m load_tests.bench")
     url = argv[argv.index("--url") + 1]
     argv = _replace(argv, "--url", url.replace(README_ORIGIN, cluster.base_url))
     out = tmp_path / "bench"
     argv = _replace(argv, "--out", str(out)) + BENCH_SHORTER
-    base = cluster.deploy("readme", "/", _readme_server_args(), ray_actor_options={"num_cpus": 0.5})
-    assert base == cluster.base_url
-    try:
-        proc = subprocess.run(
-            [sys.executable, *argv[1:]], capture_output=True, text=True, cwd=ROOT, timeout=120
-        )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        doc = json.loads((out / "bench.json").read_text())
-        assert len(doc["rates"]) == 3, doc["rates"]
-        for rate in doc["rates"]:
-            assert rate["errors"] == 0, rate["error_counts"]  # a wrong model name: all 404
-            assert rate["ok"] >= 1, rate
-        assert doc["config"]["model"] == "all-MiniLM-L6-v2"
-    finally:
-        cluster.delete("readme")
+    proc = subprocess.run(
+        [sys.executable, *argv[1:]], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((out / "bench.json").read_text())
+    assert len(doc["rates"]) == 3, doc["rates"]
+    for rate in doc["rates"]:
+        assert rate["errors"] == 0, rate["error_counts"]  # a wrong model name: all 404
+        assert rate["ok"] >= 1, rate
+    assert doc["config"]["model"] == "all-MiniLM-L6-v2"
 
 
-def test_readme_locust_command_gets_answers(cluster, tmp_path: Path) -> None:
+def test_readme_locust_command_gets_answers(cluster, readme_server: str, tmp_path: Path) -> None:
     argv = readme_command("load_tests/locustfile.py")
     assert Path(argv[0]).name == "locust", argv
     argv = _replace(argv, "--host", cluster.base_url)
     argv = _replace(argv, "--csv", str(tmp_path / "locust"))
     argv = _replace(argv, "-t", "4s")
-    cluster.deploy("readme", "/", _readme_server_args(), ray_actor_options={"num_cpus": 0.5})
-    try:
-        locust = Path(sys.executable).with_name("locust")
-        proc = subprocess.run(
-            [str(locust), *argv[1:], "--only-summary"],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=90,
-        )
-        stats = list(csv.DictReader((tmp_path / "locust_stats.csv").open()))
-        total = next(r for r in stats if r["Name"] == "Aggregated")
-        detail = proc.stdout[-2000:] + proc.stderr[-2000:]
-        assert int(total["Failure Count"]) == 0, detail
-        assert int(total["Request Count"]) >= 1, detail
-    finally:
-        cluster.delete("readme")
+    locust = Path(sys.executable).with_name("locust")
+    proc = subprocess.run(
+        [str(locust), *argv[1:], "--only-summary"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=90,
+    )
+    stats = list(csv.DictReader((tmp_path / "locust_stats.csv").open()))
+    total = next(r for r in stats if r["Name"] == "Aggregated")
+    detail = proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert int(total["Failure Count"]) == 0, detail
+    assert int(total["Request Count"]) >= 1, detail

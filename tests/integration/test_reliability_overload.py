@@ -10,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from tests.integration.conftest import App
+
 OVERLOAD_ARGS = {
     "adapter": "embeddings",
     "max_batch_size": 8,
@@ -34,10 +36,10 @@ TEXT = "a sentence of a dozen words or so, to keep the model busy for a while "
 @pytest.fixture(scope="module")
 def apps(cluster) -> Iterator[tuple[str, str]]:
     opts = {"ray_actor_options": {"num_cpus": 0.5}}
-    yield (
-        cluster.deploy("ovl", "/ovl", OVERLOAD_ARGS, **opts),
-        cluster.deploy("tmo", "/tmo", TIMEOUT_ARGS, **opts),
+    ovl, tmo = cluster.deploy_many(
+        App("ovl", "/ovl", OVERLOAD_ARGS, opts), App("tmo", "/tmo", TIMEOUT_ARGS, opts)
     )
+    yield ovl, tmo
     cluster.delete("ovl")
     cluster.delete("tmo")
 

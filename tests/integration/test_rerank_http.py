@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.fixtures.text_models import classifier_dir
+from tests.integration.conftest import App
 
 RERANK = "tiny-reranker"
 CLASSIFIER = "tiny-classifier"
@@ -50,11 +51,9 @@ def apps(cluster, dirs: tuple[Path, Path]) -> Iterator[tuple[str, str]]:
         "model_name": CLASSIFIER,
         "model_path": str(dirs[1]),
     }
-    opts = {"num_cpus": 0.5}
-    yield (
-        cluster.deploy("rr", "/rr", rr_args, ray_actor_options=opts),
-        cluster.deploy("tc", "/tc", tc_args, ray_actor_options=opts),
-    )
+    opts = {"ray_actor_options": {"num_cpus": 0.5}}
+    rr, tc = cluster.deploy_many(App("rr", "/rr", rr_args, opts), App("tc", "/tc", tc_args, opts))
+    yield rr, tc
     cluster.delete("rr")
     cluster.delete("tc")
 

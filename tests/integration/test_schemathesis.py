@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.conftest import App
+
 MAX_EXAMPLES = 250
 KEYED_EXAMPLES = 60
 SEED = 20261130  # fixed, so that a failure reproduces with the command the test prints
@@ -39,12 +41,11 @@ def apps(cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
     keys_file.write_text(KEY + "\n")
     opts = {"num_cpus": 0.5}
     keyed_env = {"env_vars": {"SERVE_APP_API_KEYS_FILE": str(keys_file)}}
-    yield (
-        cluster.deploy("st", "/st", ARGS, ray_actor_options=opts),
-        cluster.deploy(
-            "stkey", "/stkey", ARGS, ray_actor_options={**opts, "runtime_env": keyed_env}
-        ),
+    st, stkey = cluster.deploy_many(
+        App("st", "/st", ARGS, {"ray_actor_options": opts}),
+        App("stkey", "/stkey", ARGS, {"ray_actor_options": {**opts, "runtime_env": keyed_env}}),
     )
+    yield st, stkey
     cluster.delete("st")
     cluster.delete("stkey")
 
@@ -115,15 +116,14 @@ def text_apps(cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
         "rerank": classifier_dir(root / "rerank", layers=1),
         "text-classification": classifier_dir(root / "textclass", ["no", "yes"], layers=1),
     }
-    bases = {
-        family: cluster.deploy(
-            f"st-{family}",
-            f"/st-{family}",
-            {**TEXT_ARGS, "adapter": family, "model_path": str(path)},
-            ray_actor_options={"num_cpus": 0.5},
+    opts = {"ray_actor_options": {"num_cpus": 0.5}}
+    urls = cluster.deploy_many(
+        *(
+            App(f"st-{f}", f"/st-{f}", {**TEXT_ARGS, "adapter": f, "model_path": str(p)}, opts)
+            for f, p in dirs.items()
         )
-        for family, path in dirs.items()
-    }
+    )
+    bases = dict(zip(dirs, urls, strict=True))
     yield bases
     for family in bases:
         cluster.delete(f"st-{family}")
