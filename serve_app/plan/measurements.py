@@ -19,8 +19,8 @@ from serve_app.errors import ConfigError
 from serve_app.plan.solver import Candidate, Gpu, ModelAsk, Problem, Reserve
 
 FORMAT = 1
-# The most of a replica's measured saturation rate a plan asks of it: the headroom that keeps an
-# open-loop p99 stable when neighbours share the host's cores (issue 28 judges p99 at 80% of peak).
+# The most of a replica's measured saturation rate a plan asks of it: headroom below the peak for
+# an open-loop p99 (issue 28 judges p99 at 80% of peak); the tail model alone leaves none.
 MAX_UTILIZATION = 0.8
 UTILIZATION_HELP = "the most of a replica's saturation rate a plan asks of it"
 

@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--server-cores",
         default="",
         help="the cores Ray and every replica are pinned to (default: the others, when "
-        "--client-cores is given); the plan is made for these cores",
+        "--client-cores is given, and the client's are the others when only this is given); "
+        "the plan is made for these cores",
     )
     p.add_argument(
         "--reserve-cores",
@@ -108,17 +109,18 @@ def settings(a: argparse.Namespace) -> dict[str, Any]:
     quick = bool(a.quick)
     pick = lambda v, full, small: v if v is not None else (small if quick else full)  # noqa: E731
     mine = sorted(os.sched_getaffinity(0))
-    cores = parse_cores(a.client_cores) if a.client_cores else mine
-    if a.server_cores:
-        server = parse_cores(a.server_cores)
-    else:
-        server = [c for c in mine if c not in cores] if a.client_cores else []
-    if a.client_cores and a.server_cores and set(server) & set(cores):
+    given_client = parse_cores(a.client_cores) if a.client_cores else None
+    given_server = parse_cores(a.server_cores) if a.server_cores else None
+    # One side given: the other is the rest of this process's cores. Neither: not pinned.
+    others = lambda side: [c for c in mine if c not in side]  # noqa: E731
+    cores = given_client or (others(given_server) if given_server else mine)
+    server = given_server or (others(given_client) if given_client else [])
+    if server and set(server) & set(cores):
         raise SystemExit(
             f"--server-cores and --client-cores share {sorted(set(server) & set(cores))}"
         )
-    if a.client_cores and not server:
-        raise SystemExit("--client-cores leaves no core for the server: give --server-cores")
+    if (given_client or given_server) and not (server and cores):
+        raise SystemExit("--client-cores and --server-cores must each leave the other a core")
     return {
         "quick": quick,
         "config": str(a.config or DEFAULT_CONFIG),

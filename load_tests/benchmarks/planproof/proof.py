@@ -7,8 +7,8 @@ where that equal share is below the largest planned budget, that budget's share 
 replica (else its replicas could not start). Every model gets the same replica count: the most
 for which the replicas' ``num_cpus`` fit the cores the plan may use (its ``cores_cap``) and the
 equal shares hold no more than the plan's total (one replica each may hold more) and fit the
-GPU. Its replicas state no ``memory.budget``: the budget
-is the share's bytes, as in a hand-written config of fractions.
+GPU. Its replicas state no ``memory.budget``: the budget is the share's bytes, as in a
+hand-written config of fractions.
 """
 
 from __future__ import annotations
@@ -59,9 +59,8 @@ def naive_counts(plan: Mapping[str, Any], num_cpus: Mapping[str, float]) -> tupl
     for r in range(1, 257):
         # At most the plan's total share, save one replica each at the largest budget.
         held = r * n * max(total_units // (r * n), need_units)
-        if r * cores_each > cores_cap + 1e-9 or held > max(total_units, n * need_units):
-            break
-        if held > units_cap:
+        too_many_cores = r * cores_each > cores_cap + 1e-9
+        if too_many_cores or held > max(total_units, n * need_units) or held > units_cap:
             break
         best = r
     if best == 0:
@@ -208,17 +207,12 @@ def stage_times(before: str, after: str, apps: Sequence[str]) -> dict[str, dict[
     scrapes of Ray's metrics (``ray_serve_app_<stage>_seconds``, summed over replicas), and
     the count each is of; a stage with no new observations is left out. ``inference`` is per
     batch, the others per request."""
-    from serve_app.plan.scrape import _p99, parse
+    from serve_app.plan.scrape import _p99, _summed, parse
 
     b, a = parse(before), parse(after)
 
     def summed(samples: Sequence[Any], name: str, app: str) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for x in samples:
-            if x.name == name and x.labels.get("application") == app:
-                key = x.labels.get("le", "")
-                out[key] = out.get(key, 0.0) + x.value
-        return out
+        return _summed(samples, name, app, key="le")  # "" for the unlabelled _count and _sum
 
     result: dict[str, dict[str, Any]] = {}
     for app in apps:

@@ -5,8 +5,10 @@ write_plan from the CPU measurements file, and its naive config), which serve-ap
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+import pytest
 import yaml
 
 from load_tests.benchmarks.planproof.cli import (
@@ -14,6 +16,7 @@ from load_tests.benchmarks.planproof.cli import (
     build_parser,
     client_cores_for,
     plan_config,
+    server_measurements,
     settings,
 )
 from load_tests.benchmarks.planproof.proof import naive_config
@@ -59,3 +62,40 @@ def test_the_quick_plan_and_its_naive_config_pass_the_check(tmp_path: Path) -> N
     assert [a["deployments"][0]["num_replicas"] for a in naive["applications"]] == [1, 1]
     assert planned["http_options"]["port"] == naive["http_options"]["port"] == 8123
     assert check_deploy_config(planned, gpus=1) == [] and check_deploy_config(naive, gpus=1) == []
+
+
+def _cores(monkeypatch: pytest.MonkeyPatch, *args: str) -> dict:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    return settings(build_parser().parse_args(["--out", "x", *args]))
+
+
+def test_the_server_gets_the_cores_the_client_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = _cores(monkeypatch, "--client-cores", "10-15")
+    assert cfg["client_cores"] == [10, 11, 12, 13, 14, 15] and cfg["server_cores"] == list(
+        range(10)
+    )
+    cfg = _cores(monkeypatch, "--server-cores", "0-11")
+    assert cfg["server_cores"] == list(range(12)) and cfg["client_cores"] == [12, 13, 14, 15]
+    cfg = _cores(monkeypatch)  # neither: the client anywhere, the server not pinned
+    assert cfg["client_cores"] == list(range(16)) and cfg["server_cores"] == []
+    with pytest.raises(SystemExit, match=r"share \[8, 9\]"):
+        _cores(monkeypatch, "--client-cores", "8-15", "--server-cores", "0-9")
+    with pytest.raises(SystemExit, match="must each leave the other a core"):
+        _cores(monkeypatch, "--client-cores", "0-15")
+
+
+def test_the_plan_is_made_for_the_servers_cores_and_the_stated_overrides(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    args = ["--client-cores", "10-15", "--reserve-cores", "1", "--max-utilization", "0.6"]
+    cfg = _cores(monkeypatch, *args)
+    path, notes = server_measurements(cfg, tmp_path)
+    m = load_measurements(path)
+    assert [g.cores for g in m.gpus] == [10.0]
+    assert m.reserve.cores == 1.0 and m.max_utilization == 0.6
+    assert len(notes) == 3 and "10 pinned cores" in notes[0]
+    # Unpinned and no overrides: the file as given.
+    cfg = _cores(monkeypatch)
+    path, notes = server_measurements(cfg, tmp_path)
+    given = json.loads(Path(cfg["measurements"]).read_text())
+    assert json.loads(path.read_text()) == given and notes == []
