@@ -151,9 +151,10 @@ def traffic(
     metrics' mean, else ``per_request``), their p99 (the metrics) and the replicas' CPU."""
     from serve_app.plan.scrape import mean_items, request_window
 
+    why = "no --metrics" if metrics is None else "--metrics had no request_items for it yet"
     how = (
         f"{w.items} batched items in the window over {per_request} items a request (the "
-        "targets' items_per_request, else plan --measure's default; no --metrics)"
+        f"targets' items_per_request, else plan --measure's default; {why})"
     )
     p99, p99_how = None, "no --metrics given"
     if metrics is not None:

@@ -98,7 +98,11 @@ def test_replan_from_a_running_server(server: str, tmp_path: Path, capsys) -> No
     grow, same = tmp_path / "grow", tmp_path / "same"
     common = ["--from-running", server, "--window-s", WINDOW_S, "--metrics", metrics]
     with Load(f"{server}/v1/predict") as load:
-        time.sleep(3.0)  # Ray's metrics endpoint lags the replica by a few seconds
+        # Ray's metrics endpoint lags the replica by a few seconds, more on a loaded host.
+        deadline = time.monotonic() + 60.0
+        while "ray_serve_app_request_items" not in httpx.get(metrics, timeout=10.0).text:
+            assert time.monotonic() < deadline, "Ray's metrics never showed request_items"
+            time.sleep(1.0)
         # At least 2 replicas asked: the plan says to add one.
         ask = targets(tmp_path, "grow", min_replicas=2)
         rc = main(["plan", str(cfg), "--targets", str(ask), "--out", str(grow), *common])
