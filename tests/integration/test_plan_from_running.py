@@ -22,6 +22,7 @@ from serve_app.ops.cli import main
 from serve_app.ops.launch import METRICS_PORT_VAR
 from serve_app.ops.ports import free_port
 from serve_app.plan.measurements import load_measurements
+from serve_app.plan.scrape import mean_items, parse
 
 APP, PREFIX = "fromrun", "/fromrun"
 ARGS = {
@@ -100,8 +101,8 @@ def test_replan_from_a_running_server(server: str, tmp_path: Path, capsys) -> No
     with Load(f"{server}/v1/predict") as load:
         # Ray's metrics endpoint lags the replica by a few seconds, more on a loaded host.
         deadline = time.monotonic() + 60.0
-        while "ray_serve_app_request_items" not in httpx.get(metrics, timeout=10.0).text:
-            assert time.monotonic() < deadline, "Ray's metrics never showed request_items"
+        while mean_items(parse(httpx.get(metrics, timeout=10.0).text), APP) is None:
+            assert time.monotonic() < deadline, f"Ray's metrics never showed {APP}'s items"
             time.sleep(1.0)
         # At least 2 replicas asked: the plan says to add one.
         ask = targets(tmp_path, "grow", min_replicas=2)

@@ -219,7 +219,8 @@ def measure_client_ceiling(
             f"highest offered rate sustained (kept its schedule, no errors, >= 97% answered); "
             f"search from {start:,.0f}/s, x2 up to {cfg['ceiling_max_rate']:,.0f}/s"
             if best
-            else "no rate passed: the open-loop client could not keep even the first rate"
+            else "no rate passed: the open-loop client could not keep any rate tried "
+            "(see points: send lag, client CPU, errors)"
         ),
     )
     if best is not None and best["offered_per_s"] * 2.0 > cfg["ceiling_max_rate"]:
