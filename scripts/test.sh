@@ -14,12 +14,34 @@ export RAY_AUTH_MODE=token RAY_AUTH_TOKEN="${RAY_AUTH_TOKEN:-$(python3 -c "impor
 echo "== ruff"; .venv/bin/ruff check serve_app tests load_tests benchmarks research examples
 echo "== mypy"; .venv/bin/mypy serve_app
 echo "== pytest"
-set +e
-.venv/bin/python -m pytest -p no:cacheprovider --durations=25 "$@"
-code=$?
-set -e
-if [ "$code" -eq 5 ]; then
-  echo "pytest collected no tests: that is a failure" >&2
-  exit 1
+PYTEST=(.venv/bin/python -m pytest -p no:cacheprovider)
+if [ "$#" -gt 0 ]; then
+  set +e; "${PYTEST[@]}" --durations=25 "$@"; code=$?; set -e
+  [ "$code" -eq 5 ] && { echo "pytest collected no tests: that is a failure" >&2; exit 1; }
+  exit "$code"
 fi
-exit "$code"
+# Two runs side by side: the tests that need no Ray (CPU-bound) beside the Ray and GPU tests
+# (mostly waiting on a local cluster), so that the 2-core CI machine keeps both cores busy.
+log=$(mktemp /tmp/serve_app_unit.XXXXXX.log)
+"${PYTEST[@]}" --durations=10 tests/unit tests/load_tests tests/docs > "$log" 2>&1 &
+unit_pid=$!
+set +e
+"${PYTEST[@]}" --durations=25 tests --ignore=tests/unit --ignore=tests/load_tests --ignore=tests/docs
+ray_code=$?
+wait "$unit_pid"
+unit_code=$?
+set -e
+echo "== pytest tests/unit tests/load_tests tests/docs (ran beside the run above)"
+cat "$log"
+rm -f "$log"
+status=0
+for code in "$ray_code" "$unit_code"; do
+  if [ "$code" -eq 5 ]; then
+    echo "pytest collected no tests: that is a failure" >&2
+    status=1
+  elif [ "$code" -ne 0 ]; then
+    status=$code
+  fi
+done
+echo "pytest exit codes: Ray and GPU tests $ray_code, the others $unit_code"
+exit "$status"

@@ -90,7 +90,10 @@ def wait_worker(
     echo = _Echo(worker.log_path)
     try:
         while proc.poll() is None and time.time() < hard_deadline:
-            time.sleep(2.0)
+            try:  # returns as soon as the worker exits: no poll interval lost
+                proc.wait(timeout=max(0.0, min(2.0, hard_deadline - time.time())))
+            except subprocess.TimeoutExpired:
+                pass
             echo()
             if on_poll is not None:
                 on_poll(read_result(result_path))
