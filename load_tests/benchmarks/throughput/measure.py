@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from load_tests.benchmarks.throughput import rows, stats
+from load_tests.benchmarks.throughput import proccpu, rows, stats
 from load_tests.benchmarks.throughput.payload import Payload
-from load_tests.benchmarks.throughput.proccpu import ServerCpu
 from load_tests.harness.openloop import OpenLoopPool
 from load_tests.harness.wrk import WrkTarget, best_try, run_wrk
 
@@ -27,7 +26,7 @@ class Clients:
     cfg: Mapping[str, Any]
     work_dir: Path
     log: Callable[[str], None]
-    server_cpu: ServerCpu | None = None
+    server_cpu: proccpu.ServerCpu | None = None
 
     @property
     def client_pids(self) -> list[int]:
@@ -223,6 +222,10 @@ def measure_client_ceiling(
             "(see points: send lag, client CPU, errors)"
         ),
     )
+    if best is not None:
+        # The server's CPU over every passing point: HAProxy's static answer costs about the
+        # same at any rate it sustains, and one short point may hold only a few 10 ms ticks.
+        row.update(proccpu.combined([p for p in points if stats.ceiling_point_passes(p)]))
     if best is not None and best["offered_per_s"] * 2.0 > cfg["ceiling_max_rate"]:
         row["note"] += " (the search's top rate passed: the ceiling is at least this)"
     out.append(row)

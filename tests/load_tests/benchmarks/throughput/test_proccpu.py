@@ -14,6 +14,7 @@ from load_tests.benchmarks.throughput.proccpu import (
     ProcCpu,
     ServerCpu,
     classify,
+    combined,
     cpu_delta,
     per_1000_requests,
     snapshot,
@@ -147,3 +148,24 @@ def test_cpu_delta_counts_new_processes_whole_and_reused_pids_as_new() -> None:
 )
 def test_classify(name: str, cmdline: list[str], litserve: bool, kind: str) -> None:
     assert classify(name, cmdline, litserve) == kind
+
+
+def test_combined_sums_the_windows_before_dividing() -> None:
+    def window(cpu_s: float, requests: int, window_s: float) -> dict:
+        delta = {
+            "server_cpu_s": cpu_s,
+            "server_cpu_s_by_kind": {"haproxy": cpu_s},
+            "server_processes_by_kind": {"haproxy": 1},
+            "server_processes_started": 0,
+            "server_processes_exited": 0,
+            "server_processes_unmeasured": 0,
+        }
+        return per_1000_requests(delta, requests, window_s)
+
+    # One 10 ms tick in 400 requests, none in 200: 0.01 s per 600 requests over 3 s.
+    both = combined([window(0.01, 400, 2.0), window(0.0, 200, 1.0)])
+    assert both["server_cpu_requests"] == 600 and both["server_cpu_window_s"] == 3.0
+    assert both["server_cpu_s_per_1000_requests"] == round(0.01 * 1000 / 600, 4)
+    assert both["server_cpu_s_per_1000_requests_by_kind"] == {"haproxy": round(0.01 / 0.6, 4)}
+    assert both["server_processes_by_kind"] == {"haproxy": 1}
+    assert combined([]) == {}
