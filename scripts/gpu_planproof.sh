@@ -8,7 +8,9 @@
 # After the install line of the GPU host's README:
 #   SERVE_APP_CODE_COMMIT=<commit> OUT=$OUT bash scripts/gpu_planproof.sh
 # Writes $OUT/planproof.tgz: pm/ (measurements.json, readings.json, the plan) and pp/
-# (planproof.json, both configs, the metrics each phase scraped), with the logs.
+# (planproof.json, both configs, the metrics each phase scraped), with the logs. With py-spy on
+# PATH (its wheel installed with the others, as docs/benchmarks.md shows), one image replica is
+# sampled for 8 s under the plan's load: images_replica.raw (every thread, idle included).
 set -u
 SERVER_CORES="${SERVER_CORES:-0-9}"
 CLIENT_CORES="${CLIENT_CORES:-10-15}"
@@ -30,12 +32,26 @@ taskset -c "$SERVER_CORES" timeout 300 python3 -m serve_app plan "$WORK/config.y
 echo "plan --measure rc $? at $(( $(date +%s) - t0 )) s"
 grep -E "^plan --measure: .* at batch" "$WORK/pm.log" | cut -c1-220
 stop_all
+profile_images() {  # with py-spy on PATH: where one image replica's time goes under the plan's load
+  for _ in $(seq 900); do
+    grep -q "planproof: plan: .* routes at once" "$WORK/pp.log" 2>/dev/null && break; sleep 0.2
+  done
+  sleep 3  # past the warm-up
+  pid=$(pgrep -f "ServeReplica:classify-images:model" | head -1)
+  [ -n "$pid" ] || { echo "no classify-images replica to profile" > "$WORK/prof.log"; return; }
+  py-spy dump --pid "$pid" > "$WORK/images_dump.txt" 2>&1
+  py-spy record -p "$pid" -d 8 -r 100 -f raw --threads --idle --nonblocking \
+    -o "$WORK/images_replica.raw" > "$WORK/prof.log" 2>&1
+}
+prof_pid=""
+if command -v py-spy > /dev/null; then profile_images & prof_pid=$!; fi
 t1=$(date +%s)
 timeout 240 python3 -m load_tests.benchmarks.planproof --out "$WORK/pp" --config "$WORK/config.yaml" \
   --measurements "$WORK/pm/measurements.json" --client-cores "$CLIENT_CORES" \
   --server-cores "$SERVER_CORES" --reserve-cores 1 --duration-s 15 > "$WORK/pp.log" 2>&1
 echo "planproof rc $? at $(( $(date +%s) - t1 )) s"
-grep -E "planproof: (plan|naive):|verdict|failed" "$WORK/pp.log" | grep -v "calibration cache" | cut -c1-400
+[ -n "$prof_pid" ] && { kill "$prof_pid" 2>/dev/null; wait "$prof_pid" 2>/dev/null; }
+grep -E "planproof: (plan|naive):|verdict|failed|by stage" "$WORK/pp.log" | grep -v "calibration cache" | cut -c1-400
 stop_all
 rm -rf "$WORK/pp/work" "$WORK/pm/calibration"
 grep -vE "HAProxyManager|^\s*$" "$WORK/pm.log" | cut -c1-400 > "$WORK/pm.short.log"
