@@ -12,31 +12,42 @@ PY="${PYTHON:-python3}"
 # Ray with token auth and a fresh token per run, as serve-app runs it (docs/security.md).
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN="${RAY_AUTH_TOKEN:-$(python3 -c "import secrets; print(secrets.token_hex(32))")}" RAY_USAGE_STATS_ENABLED=0
 echo "== ruff"; .venv/bin/ruff check serve_app tests load_tests benchmarks research examples
-echo "== mypy"; .venv/bin/mypy serve_app
-echo "== pytest"
 PYTEST=(.venv/bin/python -m pytest -p no:cacheprovider)
 if [ "$#" -gt 0 ]; then
+  echo "== mypy"; .venv/bin/mypy serve_app
+  echo "== pytest"
   set +e; "${PYTEST[@]}" --durations=25 "$@"; code=$?; set -e
   [ "$code" -eq 5 ] && { echo "pytest collected no tests: that is a failure" >&2; exit 1; }
   exit "$code"
 fi
-# Two runs side by side: the tests that need no Ray (CPU-bound) beside the Ray and GPU tests
-# (mostly waiting on a local cluster), so that the 2-core CI machine keeps both cores busy. The
-# first at the lowest priority: it takes only the CPU the second leaves idle, so the cluster's
-# timing (scale-ups, health checks) is as it would be alone.
-log=$(mktemp /tmp/serve_app_unit.XXXXXX.log)
-nice -n 19 "${PYTEST[@]}" --durations=10 tests/unit tests/load_tests tests/docs > "$log" 2>&1 &
-unit_pid=$!
+# Two jobs side by side: mypy and the tests that need no Ray (CPU-bound) beside the Ray and GPU
+# tests (mostly waiting on a local cluster), so that the 2-core CI machine keeps both cores
+# busy. The first at the lowest priority: it takes only the CPU the second leaves idle, so the
+# cluster's timing (scale-ups, health checks) is as it would be alone.
+side=$(mktemp -d /tmp/serve_app_side.XXXXXX)
+(
+  set +e
+  nice -n 19 .venv/bin/mypy serve_app > "$side/mypy.log" 2>&1; echo $? > "$side/mypy.rc"
+  nice -n 19 "${PYTEST[@]}" --durations=10 tests/unit tests/load_tests tests/docs \
+    > "$side/unit.log" 2>&1
+  echo $? > "$side/unit.rc"
+) &
+side_pid=$!
+echo "== pytest (mypy, then tests/unit tests/load_tests tests/docs, run beside it: their output follows)"
 set +e
 "${PYTEST[@]}" --durations=25 tests --ignore=tests/unit --ignore=tests/load_tests --ignore=tests/docs
 ray_code=$?
-wait "$unit_pid"
-unit_code=$?
+wait "$side_pid"
 set -e
+mypy_code=$(cat "$side/mypy.rc" 2>/dev/null || echo 1)
+unit_code=$(cat "$side/unit.rc" 2>/dev/null || echo 1)
+echo "== mypy (ran beside the run above)"
+cat "$side/mypy.log"
 echo "== pytest tests/unit tests/load_tests tests/docs (ran beside the run above)"
-cat "$log"
-rm -f "$log"
+cat "$side/unit.log"
+rm -rf "$side"
 status=0
+[ "$mypy_code" -ne 0 ] && status=$mypy_code
 for code in "$ray_code" "$unit_code"; do
   if [ "$code" -eq 5 ]; then
     echo "pytest collected no tests: that is a failure" >&2
@@ -45,5 +56,5 @@ for code in "$ray_code" "$unit_code"; do
     status=$code
   fi
 done
-echo "pytest exit codes: Ray and GPU tests $ray_code, the others $unit_code"
+echo "exit codes: mypy $mypy_code, Ray and GPU tests $ray_code, the others $unit_code"
 exit "$status"
