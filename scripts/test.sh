@@ -3,12 +3,15 @@
 # the tests. This is the README's test command, and .ci/run calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# wrk first: without it the run would fail at its end (the throughput test requires it).
-bash scripts/ensure_wrk.sh
+# wrk (the throughput test requires it) installs beside pip's install, and is checked before
+# any test runs: without it the run would fail at its end.
+bash scripts/ensure_wrk.sh &
+wrk_pid=$!
 export SERVE_APP_REQUIRE_WRK=1
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -qq --disable-pip-version-check -e '.[test]'
+wait "$wrk_pid"
 # Ray with token auth and a fresh token per run, as serve-app runs it (docs/security.md).
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN="${RAY_AUTH_TOKEN:-$(python3 -c "import secrets; print(secrets.token_hex(32))")}" RAY_USAGE_STATS_ENABLED=0
 echo "== ruff"; .venv/bin/ruff check serve_app tests load_tests benchmarks research examples
