@@ -10,7 +10,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +93,65 @@ def cpu_seconds(reps: list[dict[str, Any]]) -> dict[tuple[Any, Any], float]:
     return out
 
 
+def thread_seconds(reps: list[dict[str, Any]]) -> dict[tuple[Any, Any], dict[int, float]]:
+    """User + system CPU seconds of each thread of each replica process on this host, by
+    (replica, pid), then by thread id."""
+    import psutil
+
+    out = {}
+    for rep in reps:
+        proc = local_process(rep)
+        if proc is None:
+            continue
+        try:
+            threads = proc.threads()
+        except psutil.Error:
+            continue
+        out[(rep.get("replica_id"), rep.get("pid"))] = {
+            t.id: t.user_time + t.system_time for t in threads
+        }
+    return out
+
+
+def thread_name(pid: Any, tid: int) -> str:
+    """The kernel's name of a thread (``/proc/PID/task/TID/comm``), or "" when it is gone."""
+    try:
+        return Path(f"/proc/{int(pid)}/task/{tid}/comm").read_text().strip()
+    except (OSError, TypeError, ValueError):
+        return ""
+
+
+@dataclass(frozen=True)
+class Threads:
+    """Each local replica process's threads' CPU seconds at the window's ends, and the seconds
+    between the two reads."""
+
+    before: dict[tuple[Any, Any], dict[int, float]] = field(default_factory=dict)
+    after: dict[tuple[Any, Any], dict[int, float]] = field(default_factory=dict)
+    window_s: float = 0.0
+
+    def busiest(self, keys: list[tuple[Any, Any]]) -> tuple[float, str] | None:
+        """The mean over ``keys`` (those read at both ends) of each process's busiest thread's
+        CPU fraction of the window, and the name of the busiest of them; None: none read."""
+        fractions: list[float] = []
+        top: tuple[float, Any, int] | None = None
+        for key in keys:
+            b, a = self.before.get(key), self.after.get(key)
+            if b is None or a is None or self.window_s <= 0:
+                continue
+            used = {tid: a[tid] - b[tid] for tid in a if tid in b}
+            if not used:
+                continue
+            tid = max(used, key=lambda t: used[t])
+            fraction = max(0.0, used[tid]) / self.window_s
+            fractions.append(fraction)
+            if top is None or fraction > top[0]:
+                top = (fraction, key[1], tid)
+        if not fractions or top is None:
+            return None
+        return sum(fractions) / len(fractions), thread_name(top[1], top[2])
+
+
 def _apps(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     from serve_app.plan.targets import serve_app_apps
 
@@ -146,9 +205,11 @@ def traffic(
     per_request: float,
     metrics: tuple[list[Any], list[Any]] | None,
     cpu: tuple[dict[Any, float], dict[Any, float]],
+    threads: Threads | None = None,
 ) -> live.Traffic:
     """The window's requests (its batched items over the items a request carries: the
-    metrics' mean, else ``per_request``), their p99 (the metrics) and the replicas' CPU."""
+    metrics' mean, else ``per_request``), their p99 (the metrics), the replicas' CPU and their
+    busiest threads."""
     from serve_app.plan.scrape import mean_items, request_window
 
     why = "no --metrics" if metrics is None else "--metrics had no request_items for it yet"
@@ -178,7 +239,17 @@ def traffic(
     cpu_s = sum(after[k] - before[k] for k in local)
     local_items = sum(w.items_by_replica[k] for k in local)
     served = requests * local_items / w.items if w.items else 0.0
-    return live.Traffic(requests, how, p99, p99_how, cpu_s if local else None, served)
+    busiest = threads.busiest(local) if threads is not None else None
+    return live.Traffic(
+        requests,
+        how,
+        p99,
+        p99_how,
+        cpu_s if local else None,
+        served,
+        busiest[0] if busiest else None,
+        busiest[1] if busiest else "",
+    )
 
 
 @dataclass(frozen=True)
@@ -191,13 +262,23 @@ class HostFacts:
     all_local: bool  # every replica's process runs on this host
     memory_bytes: int
     cores: float
+    threads: Threads = field(default_factory=Threads)
 
 
-def host_facts(cpu_before: dict[tuple[Any, Any], float], last: dict[str, Any]) -> HostFacts:
+def host_facts(
+    cpu_before: dict[tuple[Any, Any], float],
+    last: dict[str, Any],
+    threads_before: dict[tuple[Any, Any], dict[int, float]] | None = None,
+    threads_read_at_s: float | None = None,
+) -> HostFacts:
+    """What this host reads of ``last``'s replicas now; ``threads_before`` and the monotonic
+    time it was read at give the threads' window."""
     import psutil
 
     reps = list(last.get("replicas") or [])
     procs = {(r.get("replica_id"), r.get("pid")): local_process(r) for r in reps}
+    threads_after = thread_seconds(reps)
+    window_s = time.monotonic() - threads_read_at_s if threads_read_at_s is not None else 0.0
     return HostFacts(
         cpu_before=cpu_before,
         cpu_after=cpu_seconds(reps),
@@ -205,6 +286,7 @@ def host_facts(cpu_before: dict[tuple[Any, Any], float], last: dict[str, Any]) -
         all_local=all(p is not None for p in procs.values()),
         memory_bytes=int(psutil.virtual_memory().total),
         cores=float(len(os.sched_getaffinity(0))),
+        threads=Threads(threads_before or {}, threads_after, window_s),
     )
 
 
@@ -237,7 +319,12 @@ def build_measurements(
         windows[name] = w
         target = targets.models[name]
         t = traffic(
-            name, w, items_per_request(app, target), scraped, (host.cpu_before, host.cpu_after)
+            name,
+            w,
+            items_per_request(app, target),
+            scraped,
+            (host.cpu_before, host.cpu_after),
+            host.threads,
         )
         try:
             live.saturation_rps(w, t)  # too little traffic: said before anything else
@@ -332,11 +419,12 @@ def plan_from_running(
     check_inputs(doc, targets, set(live.by_application(first)), url)
     m0 = scrape(metrics_url, set(apps)) if metrics_url else None
     cpu0 = cpu_seconds(list(first.get("replicas") or []))
+    threads0, threads0_at = thread_seconds(list(first.get("replicas") or [])), time.monotonic()
     log(f"plan --from-running: reading {url} again in {window_s:g} s")
     time.sleep(window_s)
     last = read_server(url)
     m1 = scrape(metrics_url, set(apps)) if metrics_url else None
-    host = host_facts(cpu0, last)
+    host = host_facts(cpu0, last, threads0, threads0_at)
     check_inputs(doc, targets, set(live.by_application(last)), url)
     texts = (m0, m1) if m0 is not None and m1 is not None else None
     folder = Path(out)

@@ -13,9 +13,12 @@ that reported at both ends (each replica's own ``reported_at_s`` times its count
   calibration's peak where calibration measured at that cap, and to NVML's bytes of the
   process. One candidate: the cap in force (live traffic measures no other);
 - throughput at saturation: the requests answered in the window over the model thread's busy
-  seconds (the rate over the busy fraction), an estimate that assumes the model thread is what
-  saturates and, where batches were smaller than the cap, a low one (a fuller batch carries
-  more per busy second); refused on too little traffic;
+  seconds (the rate over the busy fraction), or over the busiest thread's CPU seconds where the
+  replica processes run on this host and one of their threads was busier than the model
+  thread (one thread runs on one core at most: an event loop that reads and answers every
+  request saturates the replica before the model does); where batches were smaller than the
+  cap, a low estimate (a fuller batch carries more per busy second); refused on too little
+  traffic;
 - requests: the ``request_seconds`` histogram's count of Ray's metrics where given, else the
   batched items over the targets' items per request;
 - p99: that histogram's p99 over the window (the replica's own time, not HAProxy's; at the load
@@ -72,6 +75,10 @@ class Traffic:
     p99_how: str = ""
     cpu_s: float | None = None  # CPU seconds of its replicas' processes on this host
     cpu_requests: float = 0.0  # the requests those processes answered
+    # The busiest thread of each replica process on this host, its CPU fraction of the window,
+    # the mean over those replicas, and that thread's name (the busiest one's over them).
+    busiest_thread_fraction: float | None = None
+    busiest_thread_name: str = ""
 
 
 def by_application(doc: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -127,9 +134,22 @@ def busy_fraction(w: AppWindow) -> float:
     return w.busy_s / w.seconds if w.seconds > 0 else 0.0
 
 
+def bound_busy_s(w: AppWindow, t: Traffic) -> tuple[float, bool]:
+    """The busy seconds the saturation rate divides by: the model threads', or, when a single
+    thread of the replica processes (the event loop that reads and answers requests, say) was
+    busier, that thread's CPU fraction times the window's replica-seconds; and whether that
+    thread bound it. One thread cannot run more than one core, so a replica saturates when
+    its busiest thread does, whichever thread that is."""
+    thread = t.busiest_thread_fraction
+    if thread is not None and thread * w.seconds > w.busy_s:
+        return thread * w.seconds, True
+    return w.busy_s, False
+
+
 def saturation_rps(w: AppWindow, t: Traffic) -> float:
-    """One replica's requests/s at saturation: the window's requests over its busy seconds.
-    Raises NotEnoughTraffic, naming what was seen, when that is too little to go on."""
+    """One replica's requests/s at saturation: the window's requests over its busy seconds
+    (``bound_busy_s``). Raises NotEnoughTraffic, naming what was seen, when that is too little
+    to go on."""
     seen = (
         f"{w.batches} batches, {t.requests:.0f} requests, model threads busy "
         f"{100 * busy_fraction(w):.1f}% of {w.seconds:.1f} replica-seconds"
@@ -146,7 +166,7 @@ def saturation_rps(w: AppWindow, t: Traffic) -> float:
             f"requests and {100 * MIN_BUSY_FRACTION:g}% busy): lengthen --window-s or run it "
             "while the server carries its usual load"
         )
-    return t.requests / w.busy_s
+    return t.requests / bound_busy_s(w, t)[0]
 
 
 def gpu_memory_live(replicas: Sequence[Mapping[str, Any]]) -> MemoryFigures:
@@ -253,12 +273,29 @@ def live_model_entry(
             "lower than the model thread)"
         )
     mean_batch = w.items / w.batches
+    busy_s, by_thread = bound_busy_s(w, t)
+    if by_thread:
+        over = (
+            f"{busy_s:.3f} busy seconds of the replica processes' busiest thread "
+            f"({t.busiest_thread_name or 'unnamed'}: {t.busiest_thread_fraction:.3f} of the "
+            f"window, above the model threads' busy fraction {busy_fraction(w):.3f}, so that "
+            "thread, not the model, saturates first)"
+        )
+    else:
+        thread = (
+            f"; busiest other thread {t.busiest_thread_fraction:.3f}"
+            if t.busiest_thread_fraction is not None
+            else "; threads not read (the replicas are not on this host)"
+        )
+        over = (
+            f"the model threads' {w.busy_s:.3f} busy seconds (the rate over the busy "
+            f"fraction {busy_fraction(w):.3f}{thread})"
+        )
     sources = {k: f"{provenance}: {v}" for k, v in memory.how.items()}
     sources |= {
         "throughput_rps": f"{provenance}: an estimate from live traffic: {t.requests:.0f} "
-        f"requests over the model threads' {w.busy_s:.3f} busy seconds (the rate over the busy "
-        f"fraction {busy_fraction(w):.3f}); mean batch {mean_batch:.1f} of cap {w.cap}, so "
-        "low where batches were not full. Requests: " + t.how,
+        f"requests over {over}; mean batch {mean_batch:.1f} of cap {w.cap}, so low where "
+        "batches were not full. Requests: " + t.how,
         "p99_idle_s": f"{provenance}: {p99_how}",
         "gpu_s_per_request": f"{provenance}: "
         + (

@@ -126,6 +126,9 @@ def test_replan_from_a_running_server(server: str, tmp_path: Path, capsys) -> No
     for field in ("throughput_rps", "p99_idle_s", "cpu_s_per_request", "weights_bytes"):
         assert spec.sources[field].startswith(f"read from the running server at {server}"), field
     assert "Ray's metrics" in spec.sources["throughput_rps"]  # requests counted, not estimated
+    # The replica runs on this host: its threads were read, and the busiest bounds the rate if
+    # it was busier than the model thread.
+    assert "busiest" in spec.sources["throughput_rps"], spec.sources["throughput_rps"]
     assert "ASSUMPTION" not in spec.sources["p99_idle_s"] + spec.sources["cpu_s_per_request"]
 
     plan = json.loads((grow / "plan.json").read_text())

@@ -13,7 +13,7 @@ import pytest
 
 from serve_app.errors import ConfigError
 from serve_app.plan import live
-from serve_app.plan.fromrunning import HostFacts, build_measurements
+from serve_app.plan.fromrunning import HostFacts, Threads, build_measurements, thread_seconds
 from serve_app.plan.measurements import Measurements, budget_bytes
 from serve_app.plan.scrape import decisions, mean_items, parse, request_window
 from serve_app.plan.targets import ModelTarget, Targets
@@ -121,6 +121,84 @@ def test_no_p99_read_is_an_assumption_of_two_batch_times() -> None:
     )
     assert e["candidates"][0]["p99_idle_s"] == pytest.approx(2 * w.busy_s / w.batches)
     assert "ASSUMPTION: no p99 read" in e["sources"]["p99_idle_s"]
+
+
+def test_a_busier_thread_than_the_model_bounds_the_rate() -> None:
+    """The H200 window's model thread was busy 0.713 of it; a thread of the process (an event
+    loop) at 0.9 saturates first: the rate is over its busy seconds, and the source says so."""
+    r = h200_report()
+    w = h200_window(r)
+    target = ModelTarget(p99_target_s=0.1)
+    for thread, bound in ((0.9, True), (0.5, False), (None, False)):
+        t = live.Traffic(
+            requests=4848,
+            how="counted",
+            busiest_thread_fraction=thread,
+            busiest_thread_name="ServeReplica:em",
+        )
+        busy_s, by_thread = live.bound_busy_s(w, t)
+        assert by_thread is bound
+        e = live.live_model_entry(w, t, live.gpu_memory_live([r]), target, 1.0, PROV)
+        source = e["sources"]["throughput_rps"]
+        if bound:
+            assert busy_s == pytest.approx(0.9 * 6.0)
+            assert e["candidates"][0]["throughput_rps"] == pytest.approx(4848 / (0.9 * 6.0))
+            assert "busiest thread (ServeReplica:em: 0.900" in source
+        else:
+            assert busy_s == w.busy_s
+            assert e["candidates"][0]["throughput_rps"] == pytest.approx(4848 / w.busy_s)
+            assert ("busiest other thread 0.500" in source) is (thread is not None)
+            assert ("threads not read" in source) is (thread is None)
+        # The GPU's share per request stays the model thread's.
+        assert e["candidates"][0]["gpu_s_per_request"] == pytest.approx(w.busy_s / 4848)
+
+
+def test_threads_busiest_is_the_mean_of_each_process_top_thread() -> None:
+    a, b = ("r1", 101), ("r2", 102)
+    threads = Threads(
+        before={a: {1: 10.0, 2: 5.0}, b: {7: 1.0, 8: 0.0}},
+        # thread 3 started inside the window: not judged; r3 was not read before
+        after={a: {1: 11.8, 2: 5.5, 3: 9.0}, b: {7: 1.4, 8: 1.0}, ("r3", 103): {9: 50.0}},
+        window_s=2.0,
+    )
+    fraction, _ = threads.busiest([a, b, ("r3", 103)]) or (None, "")
+    assert fraction == pytest.approx((1.8 / 2.0 + 1.0 / 2.0) / 2)
+    assert threads.busiest([("r3", 103)]) is None
+    assert Threads().busiest([a]) is None
+
+
+def test_thread_seconds_reads_this_process_threads() -> None:
+    """A real thread that burns CPU is this process's busiest over the window, by name."""
+    import os
+    import threading
+    import time
+
+    import psutil
+
+    me = psutil.Process()
+    rep = {"replica_id": "me", "pid": os.getpid(), "process_started_at_s": me.create_time()}
+    key = ("me", os.getpid())
+    stop = threading.Event()
+
+    def burn() -> None:
+        while not stop.is_set():
+            sum(range(1000))
+
+    worker = threading.Thread(target=burn, name="burner")
+    worker.start()
+    try:
+        time.sleep(0.05)
+        before, t0 = thread_seconds([rep]), time.monotonic()
+        time.sleep(0.5)
+        after = thread_seconds([rep])
+        window = Threads(before, after, time.monotonic() - t0)
+    finally:
+        stop.set()
+        worker.join()
+    assert worker.native_id in before[key] and worker.native_id in after[key]
+    fraction, _ = window.busiest([key]) or (0.0, "")
+    burned = after[key][worker.native_id] - before[key][worker.native_id]
+    assert burned > 0.05 and fraction >= burned / window.window_s - 1e-9
 
 
 def test_too_little_traffic_is_refused_naming_what_was_seen() -> None:
