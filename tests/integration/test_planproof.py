@@ -48,6 +48,12 @@ def test_cpu_quick_dry_run_end_to_end(tmp_path: Path) -> None:
             assert 0 < row["goodput_rps"] <= row["requests"] / 2.0, (phase, row)
         apps = [r["application"] for r in doc["phases"][phase]["replicas"]]
         assert {a: apps.count(a) for a in set(apps)} == served[phase], (phase, apps)
+        # Which thread of each replica saturates first: the replicas run on this host.
+        threads = doc["phases"][phase]["threads"]
+        assert set(threads) == {"embeddings", "rerank"}, (phase, threads)
+        for fig in threads.values():
+            assert 0 < fig["model_busy_fraction"] <= 1.05 and fig["window_s"] > 0, fig
+            assert fig["busiest_thread_fraction"] > 0, fig
         watch = doc["phases"][phase]["budget_watch"]
         assert watch["note"].startswith("no NVML") and watch["nvml_samples_judged"] == 0
     verdict = doc["verdict"]

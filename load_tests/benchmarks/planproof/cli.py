@@ -263,6 +263,47 @@ def scrape_metrics() -> str:
     return "\n".join(x for x in text.splitlines() if "serve_app_" in x) + "\n"
 
 
+def read_threads(base: str) -> tuple[dict[str, Any], dict[Any, dict[int, float]], float] | None:
+    """The server's memory report, its replicas' threads' CPU seconds (those on this host) and
+    when they were read; None when the report cannot be read."""
+    from serve_app.errors import ServeAppError
+    from serve_app.plan.fromrunning import read_server, thread_seconds
+
+    try:
+        doc = read_server(base)
+    except ServeAppError:
+        return None
+    return doc, thread_seconds(list(doc.get("replicas") or [])), time.monotonic()
+
+
+def thread_figures(
+    before: tuple[dict[str, Any], dict[Any, dict[int, float]], float] | None,
+    after: tuple[dict[str, Any], dict[Any, dict[int, float]], float] | None,
+    apps: Sequence[str],
+) -> dict[str, dict[str, Any]]:
+    """Per application over the load: the model threads' busy fraction (their reports) and
+    the mean of each replica process's busiest thread's CPU fraction, with that thread's name:
+    which one saturates first (serve_app.plan.live.bound_busy_s)."""
+    from serve_app.plan import live
+    from serve_app.plan.fromrunning import Threads
+
+    if before is None or after is None:
+        return {}
+    threads = Threads(before[1], after[1], after[2] - before[2])
+    reps0, reps1 = live.by_application(before[0]), live.by_application(after[0])
+    out: dict[str, dict[str, Any]] = {}
+    for app in apps:
+        w = live.app_window(app, reps0.get(app, []), reps1.get(app, []))
+        busiest = threads.busiest(list(w.items_by_replica))
+        out[app] = {
+            "model_busy_fraction": round(live.busy_fraction(w), 3),
+            "busiest_thread_fraction": round(busiest[0], 3) if busiest else None,
+            "busiest_thread_name": busiest[1] if busiest else None,
+            "window_s": round(threads.window_s, 2),
+        }
+    return out
+
+
 def load_phase(
     name: str,
     base: str,
@@ -283,6 +324,7 @@ def load_phase(
         ct = {"content-type": r.content_type}
         wait_answer(PreparedRequest("POST", f"{base}{f.route}", ct, r.body), 120.0)
     before = scrape_metrics()
+    threads_before = read_threads(base)
     watch = BudgetWatch(f"{base}/v1/memory", interval_s=0.1).start()
     summaries: dict[str, dict[str, Any]] = {}
     goodput: dict[str, float | None] = {}
@@ -322,6 +364,9 @@ def load_phase(
                 goodput[f.application] = None
     finally:
         budget = watch.stop()
+    threads = thread_figures(threads_before, read_threads(base), [f.application for f in fams])
+    for app, fig in threads.items():
+        log(f"planproof: {name}: {app}: threads {fig}")
     # Ray refreshes its endpoint every few seconds; the dry run only checks the path works.
     time.sleep(1.0 if cfg["quick"] else METRICS_REFRESH_S)
     after = scrape_metrics()
@@ -361,6 +406,7 @@ def load_phase(
         "models": rows,
         "budget_watch": budget,
         "stages": stages,
+        "threads": threads,
         "replicas": replicas_summary(base),
     }
 
