@@ -114,11 +114,15 @@ def thread_seconds(reps: list[dict[str, Any]]) -> dict[tuple[Any, Any], dict[int
 
 
 def thread_name(pid: Any, tid: int) -> str:
-    """The kernel's name of a thread (``/proc/PID/task/TID/comm``), or "" when it is gone."""
+    """A thread as py-spy's dump of its process names it: the kernel's name of the thread
+    (``/proc/PID/task/TID/comm``, often the worker's first title, as Ray's threads inherit it)
+    and its id, which py-spy prints beside the Python thread's name."""
     try:
-        return Path(f"/proc/{int(pid)}/task/{tid}/comm").read_text().strip()
+        comm = Path(f"/proc/{int(pid)}/task/{tid}/comm").read_text().strip()
     except (OSError, TypeError, ValueError):
-        return ""
+        comm = "gone"
+    main = ", the main thread" if str(tid) == str(pid) else ""
+    return f"{comm} (thread {tid} of process {pid}{main})"
 
 
 @dataclass(frozen=True)
