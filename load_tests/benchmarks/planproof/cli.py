@@ -267,7 +267,8 @@ def read_threads(base: str) -> tuple[dict[str, Any], dict[Any, dict[int, float]]
     """The server's memory report, its replicas' threads' CPU seconds (those on this host) and
     when they were read; None when the report cannot be read."""
     from serve_app.errors import ServeAppError
-    from serve_app.plan.fromrunning import read_server, thread_seconds
+    from serve_app.plan.fromrunning import read_server
+    from serve_app.plan.hostprocs import thread_seconds
 
     try:
         doc = read_server(base)
@@ -285,7 +286,7 @@ def thread_figures(
     the mean of each replica process's busiest thread's CPU fraction, with that thread's name:
     which one saturates first (serve_app.plan.live.bound_busy_s)."""
     from serve_app.plan import live
-    from serve_app.plan.fromrunning import Threads
+    from serve_app.plan.hostprocs import Threads
 
     if before is None or after is None:
         return {}

@@ -10,7 +10,8 @@ from typing import Any
 import yaml
 
 from serve_app.plan import changes, live
-from serve_app.plan.fromrunning import HostFacts, build_measurements
+from serve_app.plan.fromrunning import build_measurements
+from serve_app.plan.hostprocs import HostFacts
 from serve_app.plan.targets import ModelTarget, Targets
 from serve_app.plan.write import write_plan
 from tests.unit.plan.test_live import PROV, URL, cpu_window, h200_report, h200_window

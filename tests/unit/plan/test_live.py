@@ -13,7 +13,8 @@ import pytest
 
 from serve_app.errors import ConfigError
 from serve_app.plan import live
-from serve_app.plan.fromrunning import HostFacts, Threads, build_measurements, thread_seconds
+from serve_app.plan.fromrunning import build_measurements
+from serve_app.plan.hostprocs import HostFacts, Threads, thread_seconds
 from serve_app.plan.measurements import Measurements, budget_bytes
 from serve_app.plan.scrape import decisions, mean_items, parse, request_window
 from serve_app.plan.targets import ModelTarget, Targets
