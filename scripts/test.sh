@@ -16,12 +16,15 @@ wait "$wrk_pid"
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN="${RAY_AUTH_TOKEN:-$(python3 -c "import secrets; print(secrets.token_hex(32))")}" RAY_USAGE_STATS_ENABLED=0
 echo "== ruff"; .venv/bin/ruff check serve_app tests load_tests benchmarks research examples
 PYTEST=(.venv/bin/python -m pytest -p no:cacheprovider)
+# A pytest exit code as this script's: 5 (no tests collected) is a failure too.
+pytest_code() {
+  if [ "$1" -eq 5 ]; then echo "pytest collected no tests: that is a failure" >&2; echo 1; else echo "$1"; fi
+}
 if [ "$#" -gt 0 ]; then
   echo "== mypy"; .venv/bin/mypy serve_app
   echo "== pytest"
   set +e; "${PYTEST[@]}" --durations=25 "$@"; code=$?; set -e
-  [ "$code" -eq 5 ] && { echo "pytest collected no tests: that is a failure" >&2; exit 1; }
-  exit "$code"
+  exit "$(pytest_code "$code")"
 fi
 # Two jobs side by side: mypy and the tests that need no Ray (CPU-bound) beside the Ray and GPU
 # tests (mostly waiting on a local cluster), so that the 2-core CI machine keeps both cores
@@ -52,12 +55,8 @@ rm -rf "$side"
 status=0
 [ "$mypy_code" -ne 0 ] && status=$mypy_code
 for code in "$ray_code" "$unit_code"; do
-  if [ "$code" -eq 5 ]; then
-    echo "pytest collected no tests: that is a failure" >&2
-    status=1
-  elif [ "$code" -ne 0 ]; then
-    status=$code
-  fi
+  code=$(pytest_code "$code")
+  [ "$code" -ne 0 ] && status=$code
 done
 echo "exit codes: mypy $mypy_code, Ray and GPU tests $ray_code, the others $unit_code"
 exit "$status"

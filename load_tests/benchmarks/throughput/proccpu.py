@@ -124,6 +124,11 @@ def snapshot(
     return out
 
 
+def _in_kind_order(by_kind: Mapping[str, Any]) -> list[str]:
+    """The kinds of ``by_kind`` in KINDS' order, any others after them, sorted."""
+    return [k for k in KINDS if k in by_kind] + sorted(set(by_kind) - set(KINDS))
+
+
 def cpu_delta(
     before: Mapping[int, ProcCpu], after: Mapping[int, ProcCpu], window_start_s: float
 ) -> dict[str, Any]:
@@ -145,7 +150,7 @@ def cpu_delta(
             continue
         by_kind[a.kind] = by_kind.get(a.kind, 0.0) + max(0.0, used)
         count[a.kind] = count.get(a.kind, 0) + 1
-    ordered = [k for k in KINDS if k in by_kind] + sorted(set(by_kind) - set(KINDS))
+    ordered = _in_kind_order(by_kind)
     return {
         "server_cpu_s": round(sum(by_kind.values()), 3),
         "server_cpu_s_by_kind": {k: round(by_kind[k], 3) for k in ordered},
@@ -188,7 +193,7 @@ def combined(windows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             by_kind[k] = by_kind.get(k, 0.0) + float(v)
         for k, n in w.get("server_processes_by_kind", {}).items():
             count[k] = max(count.get(k, 0), int(n))
-    ordered = [k for k in KINDS if k in by_kind] + sorted(set(by_kind) - set(KINDS))
+    ordered = _in_kind_order(by_kind)
     delta = {
         "server_cpu_s": round(sum(float(w["server_cpu_s"]) for w in measured), 3),
         "server_cpu_s_by_kind": {k: round(by_kind[k], 3) for k in ordered},
