@@ -97,10 +97,24 @@ def test_find_takes_the_sessions_processes_by_name_and_reads_their_cpu(
     found = ingress.find(session)
     assert found == {spinning: HAPROXY, proxy: RAY_PROXY}
     assert other not in found  # the same name below another session is not this cluster's
+    spin = psutil.Process(spinning)
+
+    def spun() -> float:
+        return float(sum(spin.cpu_times()[:2]))
+
+    # psutil's reads of the busy loop on both sides of each snapshot bracket what the delta
+    # counts, whatever share of a core a loaded host gave it in between.
     t0 = time.time()
+    outer0 = spun()
     first = ingress.snapshot(session)
+    inner0 = spun()
     time.sleep(0.5)
+    inner1 = spun()
     got = delta(first, ingress.snapshot(session), t0)
+    outer1 = spun()
     assert got.processes_by_kind == {HAPROXY: 1, RAY_PROXY: 1} and got.lost == 0
-    assert 0.05 < got.cpu_s_by_kind[HAPROXY] < 1.2  # a busy loop over 0.5 s, on a shared host
+    tick_s = 0.01  # /proc's clock tick, at each end
+    assert (
+        inner1 - inner0 - 2 * tick_s <= got.cpu_s_by_kind[HAPROXY] <= outer1 - outer0 + 2 * tick_s
+    )
     assert got.cpu_s_by_kind[RAY_PROXY] < 0.05  # asleep
