@@ -10,7 +10,15 @@ wrk_pid=$!
 export SERVE_APP_REQUIRE_WRK=1
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -qq --disable-pip-version-check -e '.[test]'
+# uv installs what pip would from the same pins, in about a quarter of the time (it unpacks and
+# compiles bytecode in parallel). It does not read pip's configuration, so pip's find-links
+# (where a machine may keep its CPU build of torch) are passed on.
+.venv/bin/python -m pip install -qq --disable-pip-version-check uv==0.13.9
+links=()
+for dir in ${PIP_FIND_LINKS:-$(.venv/bin/python -m pip config get global.find-links 2>/dev/null || true)}; do
+  links+=(--find-links "$dir")
+done
+.venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode "${links[@]}" -e '.[test]'
 wait "$wrk_pid"
 # Ray with token auth and a fresh token per run, as serve-app runs it (docs/security.md).
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN="${RAY_AUTH_TOKEN:-$(python3 -c "import secrets; print(secrets.token_hex(32))")}" RAY_USAGE_STATS_ENABLED=0
