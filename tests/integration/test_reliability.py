@@ -27,6 +27,11 @@ from serve_app.ops.haproxy import haproxy_node_path, haproxy_servers
 
 ARGS = {"adapter": "embeddings", "max_batch_size": 16, "batch_wait_timeout_s": 0.002}
 BODY = {"input": [f"sentence {i} about faults and retries" for i in range(8)]}
+# The hung-replica test's: one text a request, so that what the survivor has queued when the
+# replay reaches it is a batch or two, and the bound measures the detection, the kill and the
+# replay rather than how fast a loaded 2-core machine embeds (with eight texts a request, the
+# last replayed answer came 1.73 s after the kill in one full CI-sized run, past the bound).
+ONE_TEXT = {"input": "one sentence about a hung replica"}
 CLIENTS = 8
 MAX_REQUESTS_PER_CLIENT = 2000  # bounded; the stop event normally ends the loop first
 LOAD_AFTER_KILL_S = 6.0
@@ -42,11 +47,11 @@ def rel(cluster) -> Iterator[str]:
 
 
 class Load:
-    """``CLIENTS`` threads posting BODY until stopped; results are (monotonic time, status or
-    error, replica id, monotonic time sent)."""
+    """``CLIENTS`` threads posting ``body`` (BODY) until stopped; results are (monotonic time,
+    status or error, replica id, monotonic time sent)."""
 
-    def __init__(self, url: str):
-        self.url = url
+    def __init__(self, url: str, body: dict[str, Any] = BODY):
+        self.url, self.body = url, body
         self.stop = threading.Event()
         self.results: list[tuple[float, int | str, str | None, float]] = []
         self._lock = threading.Lock()
@@ -59,7 +64,7 @@ class Load:
                     return
                 sent = time.monotonic()
                 try:
-                    resp = client.post(self.url, json=BODY)
+                    resp = client.post(self.url, json=self.body)
                     out: tuple[int | str, str | None] = (
                         resp.status_code,
                         resp.headers.get("x-serve-app-replica") or resp.text[:300],
@@ -183,7 +188,7 @@ def test_a_hung_replicas_requests_are_answered_within_its_detection_and_2_s(rel:
     """SIGSTOP of a replica under load: once HAProxy marks it DOWN, a neighbour's watch
     (serving/hung.py) finds it silent and SIGKILLs it, and HAProxy replays what it held; without
     the watch those requests waited for `timeout server` (35 s here)."""
-    with Load(f"{rel}/v1/embeddings") as load:
+    with Load(f"{rel}/v1/embeddings", ONE_TEXT) as load:
         victim = pick_victim(load, rel)
         proc = psutil.Process(victim["pid"])
         stopped_at = time.monotonic()
