@@ -34,57 +34,37 @@ if [ "$#" -gt 0 ]; then
   set +e; "${PYTEST[@]}" --durations=25 "$@"; code=$?; set -e
   exit "$(pytest_code "$code")"
 fi
-# The modules that start a Ray of their own (serve-app run, the tools' dry runs, two nodes)
-# each mostly wait on one process starting up (Ray, a replica importing torch): after the rest,
-# they run as two pytest processes side by side, which keeps both cores busy. A module not named
-# here runs in the first run, after the shared cluster's (tests/integration/conftest.py).
-OWN_RAY_A=(tests/integration/test_throughput.py tests/integration/test_cli_run.py
-  tests/integration/test_node_cli.py)
-OWN_RAY_B=(tests/integration/test_planproof.py tests/integration/test_plan_measure.py
-  tests/integration/test_custom_model.py tests/integration/test_two_nodes.py)
-ignored=(--ignore=tests/unit --ignore=tests/load_tests --ignore=tests/docs)
-for path in "${OWN_RAY_A[@]}" "${OWN_RAY_B[@]}"; do ignored+=("--ignore=$path"); done
-# Mypy and the tests that need no Ray (CPU-bound) run beside the shared cluster's tests, at the
-# lowest priority: they take only the CPU the cluster leaves idle, so its timing (scale-ups,
-# health checks) is as it would be alone.
-logs=$(mktemp -d /tmp/serve_app_side.XXXXXX)
+# Two jobs side by side: mypy and the tests that need no Ray (CPU-bound) beside the Ray and GPU
+# tests (mostly waiting on a local cluster), so that the 2-core CI machine keeps both cores
+# busy. The first at the lowest priority: it takes only the CPU the second leaves idle, so the
+# cluster's timing (scale-ups, health checks) is as it would be alone.
+side=$(mktemp -d /tmp/serve_app_side.XXXXXX)
 (
   set +e
-  nice -n 19 .venv/bin/mypy serve_app > "$logs/mypy.log" 2>&1; echo $? > "$logs/mypy.rc"
+  nice -n 19 .venv/bin/mypy serve_app > "$side/mypy.log" 2>&1; echo $? > "$side/mypy.rc"
   nice -n 19 "${PYTEST[@]}" --durations=10 tests/unit tests/load_tests tests/docs \
-    > "$logs/unit.log" 2>&1
-  echo $? > "$logs/unit.rc"
+    > "$side/unit.log" 2>&1
+  echo $? > "$side/unit.rc"
 ) &
 side_pid=$!
-echo "== pytest: the shared cluster's and the GPU tests (mypy, tests/unit, tests/load_tests and"
-echo "   tests/docs run beside it, then the own-Ray modules in two runs: their output follows)"
+echo "== pytest (mypy, then tests/unit tests/load_tests tests/docs, run beside it: their output follows)"
 set +e
-"${PYTEST[@]}" --durations=25 tests "${ignored[@]}"
+"${PYTEST[@]}" --durations=25 tests --ignore=tests/unit --ignore=tests/load_tests --ignore=tests/docs
 ray_code=$?
-"${PYTEST[@]}" --durations=10 "${OWN_RAY_B[@]}" > "$logs/own_b.log" 2>&1 &
-own_b_pid=$!
-"${PYTEST[@]}" --durations=10 "${OWN_RAY_A[@]}" > "$logs/own_a.log" 2>&1
-own_a_code=$?
-wait "$own_b_pid"
-own_b_code=$?
 wait "$side_pid"
 set -e
-mypy_code=$(cat "$logs/mypy.rc" 2>/dev/null || echo 1)
-unit_code=$(cat "$logs/unit.rc" 2>/dev/null || echo 1)
-echo "== pytest ${OWN_RAY_A[*]} (ran beside the next)"
-cat "$logs/own_a.log"
-echo "== pytest ${OWN_RAY_B[*]} (ran beside the one above)"
-cat "$logs/own_b.log"
-echo "== mypy (ran beside the first run)"
-cat "$logs/mypy.log"
-echo "== pytest tests/unit tests/load_tests tests/docs (ran beside the first run)"
-cat "$logs/unit.log"
-rm -rf "$logs"
+mypy_code=$(cat "$side/mypy.rc" 2>/dev/null || echo 1)
+unit_code=$(cat "$side/unit.rc" 2>/dev/null || echo 1)
+echo "== mypy (ran beside the run above)"
+cat "$side/mypy.log"
+echo "== pytest tests/unit tests/load_tests tests/docs (ran beside the run above)"
+cat "$side/unit.log"
+rm -rf "$side"
 status=0
 [ "$mypy_code" -ne 0 ] && status=$mypy_code
-for code in "$ray_code" "$own_a_code" "$own_b_code" "$unit_code"; do
+for code in "$ray_code" "$unit_code"; do
   code=$(pytest_code "$code")
   [ "$code" -ne 0 ] && status=$code
 done
-echo "exit codes: mypy $mypy_code, shared cluster and GPU tests $ray_code, own-Ray A $own_a_code, own-Ray B $own_b_code, the others $unit_code"
+echo "exit codes: mypy $mypy_code, Ray and GPU tests $ray_code, the others $unit_code"
 exit "$status"
