@@ -70,8 +70,12 @@ def test_a_full_queue_answers_503_with_retry_after_at_once_then_recovers(apps) -
         assert 1 <= int(headers["retry-after"]) <= 2, headers  # at most the 2 s deadline
     full = [took_s for _, _, body, took_s in refused if body["error"]["code"] == "queue_full"]
     assert full, "no request was refused for a full queue"
-    # "At once": a refusal does not wait for the model (a batch of 8 takes ~0.1-0.5 s here).
-    assert sorted(full)[len(full) // 2] < 0.1, sorted(full)
+    # "At once": a refusal does not queue for the model. Every answered request waited for at
+    # least its own batch, however loaded the machine, so the refusals' median is below the
+    # fastest answer (an absolute 0.1 s failed at 0.21 s on a loaded 2-core run; that a refusal
+    # does not wait for the running batch is tests/unit/serving/test_batcher.py's).
+    answered = [took_s for code, _, _, took_s in results if code == 200]
+    assert sorted(full)[len(full) // 2] < min(answered), (sorted(full), sorted(answered))
     # Recovery: the queue is empty again and the next request is served.
     with httpx.Client(timeout=60.0) as client:
         code, headers, body, _ = post(client, url, 1)
