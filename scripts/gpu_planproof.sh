@@ -8,7 +8,8 @@
 # After the install line of the GPU host's README:
 #   SERVE_APP_CODE_COMMIT=<commit> OUT=$OUT bash scripts/gpu_planproof.sh
 # Writes $OUT/planproof.tgz: pm/ (measurements.json, readings.json, the plan) and pp/
-# (planproof.json, both configs, the metrics each phase scraped), with the logs. With py-spy on
+# (planproof.json, both configs, the metrics each phase scraped), with the logs. MEASUREMENTS=FILE
+# (an earlier run's measurements.json) skips the measuring and proves a plan from FILE. With py-spy on
 # PATH (its wheel installed with the others, as docs/benchmarks.md shows), one image replica is
 # sampled for 8 s under the plan's load: images_replica.raw (every thread, idle included).
 set -u
@@ -26,11 +27,16 @@ fi
 sed "${sed_args[@]}" configs/rag-stack.yaml > "$WORK/config.yaml"
 stop_all() { ray stop --force > /dev/null 2>&1; pkill -9 -x haproxy; echo quit | nvidia-cuda-mps-control > /dev/null 2>&1; sleep 2; }
 t0=$(date +%s)
-taskset -c "$SERVER_CORES" timeout 300 python3 -m serve_app plan "$WORK/config.yaml" --measure \
-  --targets examples/planning/rag-stack-targets.yaml --out "$WORK/pm" \
-  --candidates 2 --duration-s 6 --idle-duration-s 3 > "$WORK/pm.log" 2>&1
-echo "plan --measure rc $? at $(( $(date +%s) - t0 )) s"
-grep -E "^plan --measure: .* at batch" "$WORK/pm.log" | cut -c1-220
+if [ -n "${MEASUREMENTS:-}" ]; then  # an earlier plan --measure's measurements.json: prove only
+  mkdir -p "$WORK/pm" && cp "$MEASUREMENTS" "$WORK/pm/measurements.json" || exit 2
+  : > "$WORK/pm.log"
+else
+  taskset -c "$SERVER_CORES" timeout 300 python3 -m serve_app plan "$WORK/config.yaml" --measure \
+    --targets examples/planning/rag-stack-targets.yaml --out "$WORK/pm" \
+    --candidates 2 --duration-s 6 --idle-duration-s 3 > "$WORK/pm.log" 2>&1
+  echo "plan --measure rc $? at $(( $(date +%s) - t0 )) s"
+  grep -E "^plan --measure: .* at batch" "$WORK/pm.log" | cut -c1-220
+fi
 stop_all
 profile_images() {  # with py-spy on PATH: where one image replica's time goes under the plan's load
   for _ in $(seq 900); do
@@ -46,7 +52,7 @@ profile_images() {  # with py-spy on PATH: where one image replica's time goes u
 prof_pid=""
 if command -v py-spy > /dev/null; then profile_images & prof_pid=$!; fi
 t1=$(date +%s)
-timeout 240 python3 -m load_tests.benchmarks.planproof --out "$WORK/pp" --config "$WORK/config.yaml" \
+timeout "${PROOF_TIMEOUT_S:-240}" python3 -m load_tests.benchmarks.planproof --out "$WORK/pp" --config "$WORK/config.yaml" \
   --measurements "$WORK/pm/measurements.json" --client-cores "$CLIENT_CORES" \
   --server-cores "$SERVER_CORES" --reserve-cores 1 --duration-s 15 > "$WORK/pp.log" 2>&1
 echo "planproof rc $? at $(( $(date +%s) - t1 )) s"

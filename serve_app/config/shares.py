@@ -38,13 +38,25 @@ class Ask:
         return f"{self.path} ({self.name}) {self.replicas} x {share:g} ({self.why}) = {total:g}"
 
 
-def share_for_budget(budget_bytes: int, total_bytes: int) -> float:
-    """The ``num_gpus`` whose budget on a GPU of ``total_bytes`` (``int(num_gpus x total)``, as
-    gpu/budget.plan_budget computes it) is at least ``budget_bytes``: rounded up to Ray's
-    1/10000. ValueError when one GPU cannot hold it."""
+def booked_share(num_gpus: float) -> float:
+    """The share Ray books for a ``num_gpus``, and hands the replica as its assigned GPU: it
+    truncates ``num_gpus x 10000`` (0.0249 is 248.99999999999997 units, so 0.0248 is booked)."""
+    return int(num_gpus * UNITS) / UNITS
+
+
+def budget_units(budget_bytes: int, total_bytes: int) -> int:
+    """The fewest units (1/10000 of a GPU) whose booked share holds ``budget_bytes`` on a GPU of
+    ``total_bytes`` (``int(share x total)``, as gpu/budget.plan_budget computes it)."""
     units = -(-budget_bytes * UNITS // total_bytes)
-    while int(units / UNITS * total_bytes) < budget_bytes:  # float rounding in the replica
+    while int(booked_share(units / UNITS) * total_bytes) < budget_bytes:  # float rounding
         units += 1
+    return units
+
+
+def share_for_budget(budget_bytes: int, total_bytes: int) -> float:
+    """The ``num_gpus`` whose booked share holds at least ``budget_bytes`` on a GPU of
+    ``total_bytes``: rounded up to Ray's 1/10000. ValueError when one GPU cannot hold it."""
+    units = budget_units(budget_bytes, total_bytes)
     if units > UNITS:
         raise ValueError(
             f"a budget of {budget_bytes:,} bytes is more than the GPU's {total_bytes:,} bytes; "
@@ -72,10 +84,11 @@ def budget_share_error(
             f"{budget_bytes:,} bytes; serve deploy schedules by num_gpus only, so write {hint} "
             "into the file (serve-app check --write-shares OUT does; docs/planning.md)"
         )
-    if derived is not None and total_bytes is not None and num_gpus < derived:
+    booked = booked_share(num_gpus) if isinstance(num_gpus, (int, float)) else 0.0
+    if derived is not None and total_bytes is not None and int(booked * total_bytes) < budget_bytes:
         return (
-            f"{path}.ray_actor_options.num_gpus: {num_gpus:g} holds "
-            f"{int(num_gpus * total_bytes):,} bytes of a {total_bytes:,}-byte GPU, less than "
+            f"{path}.ray_actor_options.num_gpus: {num_gpus:g} (Ray books {booked:g}) holds "
+            f"{int(booked * total_bytes):,} bytes of a {total_bytes:,}-byte GPU, less than "
             f"memory.budget ({budget_bytes:,} bytes); use num_gpus: {derived:g}"
         )
     return None

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from serve_app.config.shares import budget_units
+
 UNITS = 10_000  # Ray's resource granularity, as config/shares.py
 TAIL = math.log(100.0)  # the 99th percentile of an exponential wait, in units of its mean
 
@@ -144,12 +146,9 @@ class Plan:
 
 
 def share_units(budget_bytes: int, total_bytes: int) -> int:
-    """The share, in Ray's 1/10000 of a GPU, whose budget on this GPU (``int(share x total)``,
-    as gpu/budget.plan_budget computes it) is at least ``budget_bytes``."""
-    units = -(-budget_bytes * UNITS // total_bytes)
-    while int(units / UNITS * total_bytes) < budget_bytes:  # float rounding in the replica
-        units += 1
-    return units
+    """The share, in Ray's 1/10000 of a GPU, whose booked budget on this GPU is at least
+    ``budget_bytes`` (config/shares.budget_units)."""
+    return budget_units(budget_bytes, total_bytes)
 
 
 def units_cap(gpu: Gpu, reserve_bytes: int) -> int:
