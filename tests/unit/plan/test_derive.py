@@ -6,10 +6,17 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from serve_app.config.args import AppArgs, parse_bytes
 from serve_app.config.deploy import check_deploy_config
-from serve_app.config.shares import UNITS, replica_budget_problem, share_for_budget
+from serve_app.config.shares import (
+    UNITS,
+    booked_share,
+    replica_budget_problem,
+    share_for_budget,
+)
 from serve_app.gpu.calibcache import CacheEntry, build_key, store
 from serve_app.gpu.calibrate import CalibrationResult
 from serve_app.ops.cli import main
@@ -54,10 +61,30 @@ def test_the_share_rounds_up_to_rays_unit_so_the_budget_is_never_short() -> None
     for budget in (GIB, 6 * GIB, 6 * GIB + 1, 12_345_678_901, 70 * GIB):
         share = share_for_budget(budget, H200)
         assert round(share * UNITS) == share * UNITS  # a whole number of Ray's units
-        assert int(share * H200) >= budget  # the replica's budget, as plan_budget computes it
-        assert int((share - 1 / UNITS) * H200) < budget  # and the least such share
+        assert int(booked_share(share) * H200) >= budget  # the replica's budget, as Ray books it
+        assert int(booked_share(share - 1 / UNITS) * H200) < budget  # and the least such share
     with pytest.raises(ValueError, match="more than the GPU"):
         share_for_budget(H200 + 1, H200)
+
+
+def test_the_share_is_what_ray_books_not_the_written_number() -> None:
+    # The H200 run's images budget: 0.0249 x 10000 is 248.99999999999997, so Ray booked 0.0248
+    # and the replica refused to start below its budget; the derived share must book enough.
+    cuda_total, budget = 150_109_880_320, 3_732_574_209
+    assert booked_share(0.0249) == 0.0248
+    assert int(0.0249 * cuda_total) >= budget > int(0.0248 * cuda_total)
+    share = share_for_budget(budget, cuda_total)
+    assert share == 0.025
+    assert replica_budget_problem(budget, booked_share(share), cuda_total, True) is None
+    assert replica_budget_problem(budget, booked_share(0.0249), cuda_total, True) is not None
+
+
+@given(budget=st.integers(1, H200), total=st.integers(16 * GIB, 200 * GIB))
+def test_any_derived_share_books_its_budget(budget: int, total: int) -> None:
+    if budget > total:
+        return
+    share = share_for_budget(budget, total)
+    assert replica_budget_problem(budget, booked_share(share), total, True) is None
 
 
 def test_derive_writes_num_gpus_from_the_smallest_gpu_and_says_which() -> None:

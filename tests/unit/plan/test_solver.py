@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from serve_app.config.shares import booked_share
 from serve_app.plan.solver import (
     UNITS,
     Candidate,
@@ -85,7 +86,8 @@ def test_a_plan_never_oversubscribes_memory_cores_or_gpu_time(problem: Problem) 
         units = sum(m.share_units * m.replicas[g] for m in plan.models)
         assert units == use.units <= UNITS
         held = sum(
-            int(m.share_units / UNITS * gpu.total_bytes) * m.replicas[g] for m in plan.models
+            int(booked_share(m.share_units / UNITS) * gpu.total_bytes) * m.replicas[g]
+            for m in plan.models
         )
         assert held <= gpu.total_bytes - problem.reserve.memory_bytes
         pairs = zip(problem.models, plan.models, strict=True)
@@ -99,8 +101,8 @@ def test_a_plan_never_oversubscribes_memory_cores_or_gpu_time(problem: Problem) 
     assert sum(u.ingress_cores for u in plan.gpus) == pytest.approx(charged, rel=1e-9, abs=1e-9)
     for ask, m in zip(problem.models, plan.models, strict=True):
         # Every replica's budget holds the candidate's bytes on the GPU it lands on.
-        assert all(int(m.share_units / UNITS * g.total_bytes) >= m.candidate.budget_bytes
-                   for g in problem.gpus)  # fmt: skip
+        booked = booked_share(m.share_units / UNITS)
+        assert all(int(booked * g.total_bytes) >= m.candidate.budget_bytes for g in problem.gpus)
         assert ask.min_replicas <= m.total_replicas <= ask.max_replicas
         if ask.load_rps is not None:
             assert m.throughput_rps == ask.load_rps
@@ -184,8 +186,8 @@ def test_share_units_round_up_so_the_budget_is_at_least_the_stated_bytes() -> No
     six = 6 * GIB
     units = share_units(six, H200_BYTES)
     assert units == 428  # 6 GiB / 150,754,820,096 bytes = 0.04273..., up to 0.0428
-    assert int(units / UNITS * H200_BYTES) >= six
-    assert int((units - 1) / UNITS * H200_BYTES) < six
+    assert int(booked_share(units / UNITS) * H200_BYTES) >= six
+    assert int(booked_share((units - 1) / UNITS) * H200_BYTES) < six
 
 
 def test_an_unreachable_p99_target_is_refused_naming_the_model() -> None:
