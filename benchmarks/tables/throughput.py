@@ -349,7 +349,21 @@ def r_hz_mps_ab(ctx: Ctx) -> str:
     return fmt_range(_hz_values(ctx, RUNS_MPS_AB, "minilm"))
 
 
+RUN_PEERS_16 = "J_minilm_r12_peers_16cores_shared"  # 2026-12-03, issue 28's layout
+
+
+def r_run_peers_16(ctx: Ctx) -> str:
+    """Run J as the throughput tool renders it, its headings one level down."""
+    # Imported here: render imports benchmarks.tables.common, whose package imports this module.
+    from load_tests.benchmarks.throughput.render import render_markdown
+
+    folder = ctx.results / TP_DIR / RUN_PEERS_16
+    text = render_markdown(load(folder / "throughput.json"), load(folder / "meta.json"))
+    return text.replace("### ", "#### ").rstrip()
+
+
 RENDERERS: dict[str, tuple[str, Renderer]] = {
+    "throughput-run-peers-16": (BLOCK, r_run_peers_16),
     "throughput-runs": (BLOCK, r_throughput_runs),
     "throughput-minilm-1": (BLOCK, r_minilm_1),
     "throughput-minilm-16": (BLOCK, r_minilm_16),
