@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from serve_app.config.args import IMPORT_PATH, AppArgs, parse_bytes
-from serve_app.config.shares import PIN_LABEL, share_for_budget
+from serve_app.config.shares import PIN_LABEL, booked_share, share_for_budget
 
 
 @dataclass(frozen=True)
@@ -160,10 +160,11 @@ def derive_shares(
                 errors.append(f"{path}: {which}: {exc}")
                 continue
             if stated:
-                if int(given * total) < budget:
+                booked = booked_share(given)  # what Ray gives the replica (it truncates)
+                if int(booked * total) < budget:
                     errors.append(
-                        f"{path}.ray_actor_options.num_gpus: {given:g} of {which} "
-                        f"({total:,} bytes) holds {int(given * total):,} bytes, less than "
+                        f"{path}.ray_actor_options.num_gpus: {given:g} (Ray books {booked:g}) of "
+                        f"{which} ({total:,} bytes) holds {int(booked * total):,} bytes, less than "
                         f"memory.budget ({budget:,}); use {derived:g}"
                     )
                 continue

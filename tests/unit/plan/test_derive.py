@@ -79,6 +79,17 @@ def test_the_share_is_what_ray_books_not_the_written_number() -> None:
     assert replica_budget_problem(budget, booked_share(0.0249), cuda_total, True) is not None
 
 
+def test_check_refuses_a_written_share_that_ray_books_short(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = doc_with("3732574209", {"num_gpus": 0.0249})
+    src = tmp_path / "plan.yaml"
+    src.write_text(yaml.safe_dump(doc))
+    assert main(["check", str(src), "--gpu-memory", "150109880320"]) != 0
+    err = capsys.readouterr().err
+    assert "num_gpus: 0.0249 (Ray books 0.0248)" in err and "use 0.025" in err, err
+
+
 @given(budget=st.integers(1, H200), total=st.integers(16 * GIB, 200 * GIB))
 def test_any_derived_share_books_its_budget(budget: int, total: int) -> None:
     if budget > total:
