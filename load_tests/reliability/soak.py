@@ -310,6 +310,15 @@ def extra_env(a: argparse.Namespace) -> dict[str, str]:
     )
 
 
+def tracing_wait_s(a: argparse.Namespace) -> float:
+    """How long to wait after the deploy before measuring the peak: with tracemalloc tracing
+    frames, until it has started in every replica, so that the offered load is a fraction of
+    what traced replicas carry (measured untraced, it overloaded them: journal 2026-12-03)."""
+    if a.tracemalloc_dir is None or a.tracemalloc_frames <= 0:
+        return 0.0
+    return a.tracemalloc_start_s + 5.0
+
+
 def _sigterm(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # the finally below shuts Ray down
 
@@ -428,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
         memory_url = f"{target.base}/v1/memory"
         if a.device == "cuda":
             watch = BudgetWatch(memory_url, interval_s=NVML_INTERVAL_S).start()
+        if (wait_s := tracing_wait_s(a)) > 0:
+            print(f"waiting {wait_s:.0f} s for tracemalloc to start in the replicas", flush=True)
+            time.sleep(wait_s)
         peak = capacity(target, a.peak_s, body=body, clients=clients)
         rate = max(1.0, a.load_fraction * peak)
         meta.update({"peak_rps": round(peak, 1), "rate_rps": round(rate, 1)})

@@ -83,3 +83,11 @@ def test_smaps_growth_lists_the_largest_changes_first() -> None:
         ["[anon]", 50, 80, 30],
         ["new", 0, 20, 20],
     ]
+
+
+def test_the_peak_is_measured_after_tracing_starts_when_frames_are_traced() -> None:
+    assert soak.tracing_wait_s(soak.parse_args([])) == 0.0
+    malloc_only = ["--tracemalloc-dir", "tm", "--tracemalloc-frames", "0"]
+    assert soak.tracing_wait_s(soak.parse_args(malloc_only)) == 0.0
+    traced = ["--tracemalloc-dir", "tm", "--tracemalloc-start-s", "150"]
+    assert soak.tracing_wait_s(soak.parse_args(traced)) == 155.0
