@@ -105,6 +105,31 @@ def wait_haproxy_up(replica_ids: set[str], timeout_s: float = 60.0) -> None:
     raise AssertionError(f"HAProxy servers not all UP after {timeout_s:.0f} s: {states}")
 
 
+def haproxy_processes() -> list[psutil.Process]:
+    """This node's HAProxy processes: two while a reload's old one drains (Ray starts the new
+    one with ``-sf OLD``), one otherwise."""
+    import ray
+
+    from serve_app import env
+
+    node_id = ray.get_runtime_context().get_node_id()
+    cfg = str(haproxy_node_path(env.haproxy_config_path(), node_id))
+    found = []
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        if proc.info["name"] == "haproxy" and cfg in (proc.info["cmdline"] or []):
+            found.append(proc)
+    return found
+
+
+def wait_one_haproxy(timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    procs = haproxy_processes()
+    while len(procs) != 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        procs = haproxy_processes()
+    assert len(procs) == 1, f"HAProxy processes of this node after {timeout_s:.0f} s: {procs}"
+
+
 def ready_state(base: str) -> tuple[int, list[str]]:
     resp = httpx.get(f"{base}/readyz", params={"verbose": "1"}, timeout=10.0)
     return resp.status_code, resp.json()["degraded"]
@@ -121,6 +146,10 @@ def pick_victim(load: Load, rel: str) -> dict[str, Any]:
     # Serve marks a replica RUNNING (and may route to it through its fallback proxy) before
     # HAProxy has it UP; a fault before then leaves HAProxy no replica to retry on.
     wait_haproxy_up(mine)
+    # These tests are of the steady state. A replica killed while the HAProxy process a reload
+    # replaced still drains requests on it, as its only server, loses them: a known limit
+    # (docs/reliability.md, "Known limits"), not what these tests measure.
+    wait_one_haproxy()
     report = httpx.get(f"{rel}/v1/memory", timeout=30.0).json()["replicas"]
     return dict(next(r for r in report if r["replica_id"] in mine))
 
