@@ -63,9 +63,11 @@ def ray_exposure_note(ray_listeners: Sequence[listeners.Listener]) -> str | None
     if not ray_listeners:
         return None
     where = ", ".join(item.describe() for item in ray_listeners)
+    # Read once at start-up: a replica started later (a scale-up, a replacement) binds its own.
     return (
         f"Ray listens beyond loopback on {where}, where Ray itself binds it; each needs Ray's "
-        f"token. A host firewall closes them: {ray_auth.SECURITY_DOC}."
+        "token. Replicas that start later (scale-ups, replacements) listen on ports of their "
+        f"own, behind the same token. A host firewall closes them all: {ray_auth.SECURITY_DOC}."
     )
 
 

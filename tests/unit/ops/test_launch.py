@@ -47,6 +47,7 @@ def test_ray_listening_beyond_loopback_is_noted_and_a_warning_without_its_token(
     note = launch.ray_exposure_note([grpc])
     assert note is not None and "[::]:41041 (ray::ServeReplica:embeddings:model)" in note
     assert "needs Ray's token" in note and "firewall" in note
+    assert "Replicas that start later" in note  # the list is read once, at start-up
     assert launch.ray_exposure_note([]) is None
     open_ = launch.exposure_warning("127.0.0.1", True, ray_auth_enabled=False, ray_listeners=[grpc])
     assert open_ is not None and open_.startswith("WARNING") and "authentication is OFF" in open_
