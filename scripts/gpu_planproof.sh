@@ -54,10 +54,11 @@ if command -v py-spy > /dev/null; then profile_images & prof_pid=$!; fi
 t1=$(date +%s)
 timeout "${PROOF_TIMEOUT_S:-240}" python3 -m load_tests.benchmarks.planproof --out "$WORK/pp" --config "$WORK/config.yaml" \
   --measurements "$WORK/pm/measurements.json" --client-cores "$CLIENT_CORES" \
-  --server-cores "$SERVER_CORES" --reserve-cores 1 --duration-s 15 > "$WORK/pp.log" 2>&1
+  --server-cores "$SERVER_CORES" --reserve-cores 1 --duration-s 15 --replan-window-s 8 \
+  > "$WORK/pp.log" 2>&1
 echo "planproof rc $? at $(( $(date +%s) - t1 )) s"
 [ -n "$prof_pid" ] && { kill "$prof_pid" 2>/dev/null; wait "$prof_pid" 2>/dev/null; }
-grep -E "planproof: (plan|naive):|verdict|failed|by stage" "$WORK/pp.log" | grep -v "calibration cache" | cut -c1-400
+grep -E "planproof: (plan|naive):|verdict|failed|by stage|replan" "$WORK/pp.log" | grep -v "calibration cache" | cut -c1-400
 stop_all
 rm -rf "$WORK/pp/work" "$WORK/pm/calibration"
 grep -vE "HAProxyManager|^\s*$" "$WORK/pm.log" | cut -c1-400 > "$WORK/pm.short.log"

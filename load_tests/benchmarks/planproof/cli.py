@@ -8,6 +8,8 @@ import argparse
 import json
 import math
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,6 +23,7 @@ from load_tests.benchmarks.planproof.proof import (
     model_row,
     naive_config,
     stage_times,
+    targets_from_measurements,
     verdict,
 )
 from load_tests.benchmarks.stack.cli import replicas_summary
@@ -43,6 +46,7 @@ DEFAULT_CONFIG = ROOT / "configs" / "rag-stack.yaml"
 DEFAULT_MEASUREMENTS = ROOT / "examples" / "planning" / "rag-stack-measurements.json"
 QUICK_MEASUREMENTS = Path(__file__).resolve().parent / "cpu-measurements.json"
 RESULT = "planproof.json"
+REPLAN_START_S = 5.0  # --from-running's start-up (imports) before its first read
 RATE_PER_CLIENT_PROC = 1000.0  # req/s one open-loop process is given (it sends a few thousand)
 
 
@@ -101,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["plan,naive", "plan"],
         help="plan alone: deploy and load the plan, no naive config and no verdict",
     )
+    p.add_argument(
+        "--replan-window-s",
+        type=float,
+        default=None,
+        help="also run serve-app plan --from-running against the deployed plan under its load, "
+        "reading this many seconds (inside --duration-s); writes OUT/replan",
+    )
     p.add_argument("--ready-timeout-s", type=float, default=300.0)
     return p
 
@@ -121,13 +132,20 @@ def settings(a: argparse.Namespace) -> dict[str, Any]:
         )
     if (given_client or given_server) and not (server and cores):
         raise SystemExit("--client-cores and --server-cores must each leave the other a core")
+    duration_s = pick(a.duration_s, 30.0, 3.0)
+    if a.replan_window_s is not None and not 0 < a.replan_window_s <= duration_s - REPLAN_START_S:
+        raise SystemExit(
+            f"--replan-window-s {a.replan_window_s:g} must be above 0 and leave "
+            f"{REPLAN_START_S:g} s of --duration-s ({duration_s:g}) for the command to start"
+        )
     return {
         "quick": quick,
         "config": str(a.config or DEFAULT_CONFIG),
         "measurements": str(
             a.measurements or (QUICK_MEASUREMENTS if quick else DEFAULT_MEASUREMENTS)
         ),
-        "duration_s": pick(a.duration_s, 30.0, 3.0),
+        "duration_s": duration_s,
+        "replan_window_s": a.replan_window_s,
         "warmup_s": pick(a.warmup_s, 5.0, 1.0),
         # The example measurements' MiniLM throughput is at 16 short texts a request.
         "items_per_request": pick(a.items_per_request, 16, 4),
@@ -314,9 +332,11 @@ def load_phase(
     pools: Mapping[str, Any],
     cfg: Mapping[str, Any],
     out: Path,
+    replan: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Every route at once at its planned rate for warmup_s + duration_s, NVML watched; the
-    rows by model, the watch and the replicas."""
+    rows by model, the watch and the replicas. With ``replan`` (config, targets, out),
+    ``serve-app plan --from-running`` reads the server inside the load window."""
     from load_tests.bench import PreparedRequest
     from load_tests.harness.cluster import wait_answer
 
@@ -350,6 +370,10 @@ def load_phase(
             f"planproof: {name}: {len(fams)} routes at once for "
             f"{cfg['warmup_s']:g} + {cfg['duration_s']:g} s"
         )
+        replanning = None
+        if replan is not None:
+            time.sleep(cfg["warmup_s"])  # the loads run in their own processes meanwhile
+            replanning = start_replan(base, replan, cfg["replan_window_s"])
         for f in fams:
             pool = pools[f.application]
             try:
@@ -365,6 +389,7 @@ def load_phase(
                 goodput[f.application] = None
     finally:
         budget = watch.stop()
+    replanned = finish_replan(replanning, replan) if replanning is not None and replan else None
     threads = thread_figures(threads_before, read_threads(base), [f.application for f in fams])
     for app, fig in threads.items():
         log(f"planproof: {name}: {app}: threads {fig}")
@@ -409,7 +434,40 @@ def load_phase(
         "stages": stages,
         "threads": threads,
         "replicas": replicas_summary(base),
+        **({"replan": replanned} if replanned is not None else {}),
     }
+
+
+def start_replan(base: str, replan: Mapping[str, str], window_s: float) -> subprocess.Popen[str]:
+    """``serve-app plan --from-running`` against ``base``, in a process of its own, with Ray's
+    metrics (the port launch pinned)."""
+    from serve_app.ops import launch
+
+    metrics = f"http://127.0.0.1:{os.environ[launch.METRICS_PORT_VAR]}/metrics"
+    cmd = [sys.executable, "-m", "serve_app", "plan", replan["config"], "--from-running", base]
+    cmd += ["--targets", replan["targets"], "--out", replan["out"], "--window-s", f"{window_s:g}"]
+    cmd += ["--metrics", metrics]
+    log(f"planproof: replan: {' '.join(cmd[1:])}")
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish_replan(proc: subprocess.Popen[str], replan: Mapping[str, str]) -> dict[str, Any]:
+    """The replan's exit code, its output's end and its changes.md."""
+    try:
+        output, _ = proc.communicate(timeout=120.0)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        output, _ = proc.communicate()
+    changes = Path(replan["out"]) / "changes.md"
+    doc = {
+        "command": [str(c) for c in proc.args][1:] if isinstance(proc.args, list) else [],
+        "rc": proc.returncode,
+        "output_tail": output[-3000:],
+        "changes_md": changes.read_text()[:8000] if changes.is_file() else None,
+    }
+    wrote = "written" if doc["changes_md"] else "absent"
+    log(f"planproof: replan rc {proc.returncode}; changes.md {wrote}")
+    return doc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -453,6 +511,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         (out / "naive" / "serve_config.yaml").write_text(yaml.safe_dump(naive, sort_keys=False))
         result["notes"] += naive_notes
         plan_models = {p["application"]: p for p in plan_doc["models"]}
+        replan = None
+        if cfg["replan_window_s"] is not None:
+            targets = out / "replan-targets.yaml"
+            asks = targets_from_measurements(json.loads(measurements.read_text()))
+            targets.write_text(yaml.safe_dump(asks, sort_keys=False))
+            replan = {"config": str(config_path), "targets": str(targets)}
+            replan["out"] = str(out / "replan")
         served = {k: adapters.ROUTES.get(k, KNOWN_ROUTES.get(k, "")) for k in adapters.FAMILIES}
         fams = [f for f in families(planned, served) if f.application in plan_models]
         reqs = {
@@ -490,7 +555,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"planproof: {phase}: serving at {base} after {deploy_s} s")
             phases[phase] = {
                 "deploy_s": deploy_s,
-                **load_phase(phase, base, fams, reqs, plan_models, pools, cfg, out),
+                **load_phase(
+                    phase,
+                    base,
+                    fams,
+                    reqs,
+                    plan_models,
+                    pools,
+                    cfg,
+                    out,
+                    replan if phase == "plan" else None,
+                ),
             }
             result["phases"] = phases
             write_json(path, result)

@@ -233,3 +233,20 @@ def stage_times(before: str, after: str, apps: Sequence[str]) -> dict[str, dict[
             stages[stage] = {"count": count, "mean_s": total / count, "p99_s": p99}
         result[app] = stages
     return result
+
+
+TARGET_FIELDS = ("p99_target_s", "load_rps", "weight", "min_replicas", "max_replicas")
+
+
+def targets_from_measurements(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The targets file (serve_app.plan.targets) that states the asks a measurements file
+    carries, for ``serve-app plan --from-running`` against the plan it gave."""
+    out: dict[str, Any] = {"format": 1}
+    for key in ("margin_fraction", "max_utilization", "reserve"):
+        if doc.get(key) is not None:
+            out[key] = doc[key]
+    out["models"] = {
+        name: {k: m[k] for k in TARGET_FIELDS if m.get(k) is not None}
+        for name, m in doc["models"].items()
+    }
+    return out

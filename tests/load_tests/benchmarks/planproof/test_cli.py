@@ -99,3 +99,15 @@ def test_the_plan_is_made_for_the_servers_cores_and_the_stated_overrides(
     path, notes = server_measurements(cfg, tmp_path)
     given = json.loads(Path(cfg["measurements"]).read_text())
     assert json.loads(path.read_text()) == given and notes == []
+
+
+def test_the_replan_window_must_fit_inside_the_load() -> None:
+    ok = _cli("--duration-s", "12", "--replan-window-s", "6")
+    assert ok["replan_window_s"] == 6.0
+    assert _cli()["replan_window_s"] is None
+    with pytest.raises(SystemExit, match="--replan-window-s 8 must be above 0 and leave 5 s"):
+        _cli("--duration-s", "12", "--replan-window-s", "8")
+
+
+def _cli(*args: str) -> dict:
+    return settings(build_parser().parse_args(["--out", "x", *args]))

@@ -17,6 +17,7 @@ from load_tests.benchmarks.planproof.proof import (
     naive_config,
     naive_counts,
     stage_times,
+    targets_from_measurements,
     verdict,
 )
 from load_tests.harness.meta import ROOT
@@ -178,3 +179,14 @@ def test_stage_times_are_the_window_between_two_scrapes_summed_over_replicas() -
     assert got["img"]["queue"] == {"count": 100.0, "mean_s": pytest.approx(0.3), "p99_s": 0.5}
     assert "request" not in got["img"] and got["idle"] == {}
     assert stage_times("", after, ["img"])["img"]["queue"]["count"] == 110.0
+
+
+def test_the_replan_targets_state_the_asks_the_measurements_carry() -> None:
+    from serve_app.plan.targets import Targets
+
+    measured = json.loads((ROOT / "examples/planning/rag-stack-measurements.json").read_text())
+    stated = yaml.safe_load((ROOT / "examples/planning/rag-stack-targets.yaml").read_text())
+    asks = targets_from_measurements(measured)
+    Targets.model_validate(asks)  # a valid targets file
+    # The example measurements carry the example targets' asks: the same file comes back.
+    assert asks == stated
