@@ -87,7 +87,9 @@ def client_phase(cfg: Mapping[str, Any], work: Path, deadline: float) -> list[di
     server = NoopHAProxy(cfg["server_cores"], payloads, work)
     pool = None
     try:
-        pool = OpenLoopPool(cfg["client_cores"], cfg["openloop_procs"], work)
+        pool = OpenLoopPool(
+            cfg["client_cores"], cfg["openloop_procs"], work, cfg["max_send_lag_p99_ms"]
+        )
         clients = Clients(find_wrk(cfg["wrk"]), pool, cfg, work, log)
         clients.server_cpu = ServerCpu([server.proc.pid])  # HAProxy's own CPU per request
         per_payload_s = client_ceiling_est_s(cfg)

@@ -215,7 +215,8 @@ def measure_client_ceiling(
         max_carried_per_s=found["max_carried_per_s"],
         points=[{k: p.get(k) for k in _POINT_KEYS} for p in points],
         note=(
-            f"highest offered rate sustained (kept its schedule, no errors, >= 97% answered); "
+            f"highest offered rate sustained (kept its schedule: sends at most "
+            f"{cfg['max_send_lag_p99_ms']:g} ms late at p99; no errors, >= 97% answered); "
             f"search from {start:,.0f}/s, x2 up to {cfg['ceiling_max_rate']:,.0f}/s"
             if best
             else "no rate passed: the open-loop client could not keep any rate tried "

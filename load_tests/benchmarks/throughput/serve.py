@@ -297,7 +297,9 @@ def serve_worker(spec: dict[str, Any]) -> None:
         from serve_app.ops import launch, ports
 
         work = Path(spec["work_dir"])
-        pool = OpenLoopPool(cfg["client_cores"], cfg["openloop_procs"], work)
+        pool = OpenLoopPool(
+            cfg["client_cores"], cfg["openloop_procs"], work, cfg["max_send_lag_p99_ms"]
+        )
         clients = Clients(find_wrk(cfg["wrk"]), pool, cfg, work, log)
         # Every process this worker starts is the server's (Ray's daemons and workers, Serve's
         # HAProxy, a LitServe server), except the clients and this process itself.

@@ -59,3 +59,21 @@ def test_replica_share_option_sets_every_replicas_gpu_share() -> None:
     assert default["replica_share"] is None and gpu_share(8, default) == 0.12
     with pytest.raises(SystemExit):
         make_config(parser.parse_args(["--out", "/tmp/x", "--replica-share", "1.5"]), parser)
+
+
+def test_send_lag_bound_is_strict_for_measurements_and_loose_for_the_quick_check() -> None:
+    from load_tests.benchmarks.throughput.options import build_parser, make_config
+
+    parser = build_parser()
+
+    def bound(*argv: str) -> float:
+        return make_config(parser.parse_args(["--out", "/tmp/x", *argv]), parser)[
+            "max_send_lag_p99_ms"
+        ]
+
+    assert bound() == 5.0
+    assert bound("--device", "cpu") == 5.0
+    assert bound("--device", "cpu", "--quick") == 25.0
+    assert bound("--quick", "--max-send-lag-p99-ms", "2") == 2.0
+    with pytest.raises(SystemExit):
+        bound("--max-send-lag-p99-ms", "0")
