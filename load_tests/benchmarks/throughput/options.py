@@ -174,6 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.01,
         help="the peers' batch_wait_timeout_s / batch_timeout (0.01, Ray Serve's default)",
     )
+    p.add_argument(
+        "--serve-app-layers",
+        type=int,
+        default=None,
+        help="serve_app's MiniLM with this many encoder layers (dummy weights); 1 makes the "
+        "forward nearly free, so its rows measure serve_app's own path against the no-op "
+        "(with --phases client,serve,noop: the other setups keep the full model)",
+    )
     p.add_argument("--_worker", choices=("ceiling", "serve"), help=argparse.SUPPRESS)
     p.add_argument("--_spec", help=argparse.SUPPRESS)
     return p
@@ -201,6 +209,15 @@ def make_config(a: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
     shared = shared_physical_cores(server, client, thread_siblings)
     if not 0 < a.openloop_fraction <= 1:
         parser.error("--openloop-fraction must be in (0, 1]")
+    if a.serve_app_layers is not None:
+        if a.serve_app_layers < 1:
+            parser.error(f"--serve-app-layers {a.serve_app_layers} must be >= 1")
+        full = [x for x in phases if x in ("ceiling", "ray_serve_batch", "litserve")]
+        if full or "resnet50" in models:
+            parser.error(
+                f"--serve-app-layers changes serve_app's MiniLM only: drop {full or ['resnet50']} "
+                "(e.g. --models minilm --phases client,serve,noop)"
+            )
     if a.max_send_lag_p99_ms is not None and not a.max_send_lag_p99_ms > 0:
         parser.error(f"--max-send-lag-p99-ms {a.max_send_lag_p99_ms} must be > 0")
     if a.peer_max_batch_size < 1 or a.peer_batch_wait_s < 0:
@@ -212,6 +229,7 @@ def make_config(a: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[
         "gpu": a.gpu,
         "replica_share": a.replica_share,
         "quick": a.quick,
+        "serve_app_layers": a.serve_app_layers,
         "models": models,
         "replicas": a.replicas or ([1] if cpu else [4, 8, 12, 16]),
         "inputs_per_request": a.inputs_per_request or ([1] if cpu else [1, 16]),

@@ -107,6 +107,8 @@ def run_job(
         "server_cores": format_cores(cfg["server_cores"]),
         "client_cores": format_cores(cfg["client_cores"]),
     }
+    if kind == "serve_app" and cfg.get("serve_app_layers") is not None:
+        base_row["encoder_layers"] = cfg["serve_app_layers"]  # not the full model: see options
     if kind in ("ray_serve_batch", "litserve"):
         base_row["peer_settings"] = peer_settings(kind, replicas, cfg)
         if kind == "litserve":  # its workers share one device; Ray's CPU share does not apply

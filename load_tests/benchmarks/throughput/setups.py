@@ -4,7 +4,10 @@ the time one payload's measurement takes."""
 
 from __future__ import annotations
 
+import json
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from load_tests.benchmarks.throughput import noop_app, ray_serve_batch_app, stats
@@ -43,6 +46,8 @@ def serve_app_doc(model: str, replicas: int, cfg: Mapping[str, Any], port: int) 
     app["name"] = f"{model}-r{replicas}"
     m = MODELS[model]
     app["args"].update(load_format="dummy", dtype="float16", model_name=m["model_name"])
+    if cfg.get("serve_app_layers") is not None and m["kind"] == "embeddings":
+        app["args"]["model_path"] = str(layered_minilm_dir(cfg["serve_app_layers"]))
     if m["kind"] == "image":
         app["args"].update(adapter="image-classification", arch="resnet50")
     if cfg.get("mps"):  # serve_app's MPS mode: a driver limit per replica, concurrent kernels
@@ -54,6 +59,26 @@ def serve_app_doc(model: str, replicas: int, cfg: Mapping[str, Any], port: int) 
         "num_gpus": gpu_share(replicas, cfg),
     }
     return doc
+
+
+def layered_minilm_dir(layers: int) -> Path:
+    """The packaged MiniLM's tokenizer and width with ``layers`` encoder layers (dummy weights
+    only): with one layer the forward is nearly free, so a row measures serve_app's own path
+    (parse, tokenize, batch, pool, respond) against the no-op's. Rewritten on each call, in the
+    temporary directory, since every replica of the run reads it."""
+    from serve_app.adapters.embeddings.modeldir import SKELETON_DIR
+
+    if layers < 1:
+        raise ValueError(f"layers must be >= 1, not {layers}")
+    path = Path(tempfile.gettempdir()) / f"serve_app_bench_minilm_l{layers}"
+    path.mkdir(exist_ok=True)
+    for src in SKELETON_DIR.iterdir():
+        if src.name != "config.json" and not (path / src.name).exists():
+            (path / src.name).symlink_to(src)
+    config = json.loads((SKELETON_DIR / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return path
 
 
 def gpu_share(replicas: int, cfg: Mapping[str, Any]) -> float:

@@ -77,3 +77,31 @@ def test_send_lag_bound_is_strict_for_measurements_and_loose_for_the_quick_check
     assert bound("--quick", "--max-send-lag-p99-ms", "2") == 2.0
     with pytest.raises(SystemExit):
         bound("--max-send-lag-p99-ms", "0")
+
+
+def test_serve_app_layers_rewrite_only_serve_apps_minilm() -> None:
+    import json
+    from pathlib import Path
+
+    from load_tests.benchmarks.throughput.options import build_parser, make_config
+    from load_tests.benchmarks.throughput.setups import serve_app_doc
+    from serve_app.adapters.embeddings.modeldir import SKELETON_DIR
+
+    parser = build_parser()
+    argv = ["--out", "/tmp/x", "--device", "cpu", "--models", "minilm"]
+    cfg = make_config(parser.parse_args([*argv, "--phases", "client,serve,noop"]), parser)
+    assert cfg["serve_app_layers"] is None
+    args = serve_app_doc("minilm", 1, cfg, 8123)["applications"][0]["args"]
+    assert "model_path" not in args
+    cfg = make_config(
+        parser.parse_args([*argv, "--phases", "serve,noop", "--serve-app-layers", "1"]), parser
+    )
+    args = serve_app_doc("minilm", 1, cfg, 8123)["applications"][0]["args"]
+    path = Path(args["model_path"])
+    assert args["load_format"] == "dummy"
+    full = json.loads((SKELETON_DIR / "config.json").read_text())
+    assert json.loads((path / "config.json").read_text()) == {**full, "num_hidden_layers": 1}
+    assert (path / "tokenizer.json").read_bytes() == (SKELETON_DIR / "tokenizer.json").read_bytes()
+    for bad in (["--serve-app-layers", "0"], ["--serve-app-layers", "1"]):  # the second: ceiling
+        with pytest.raises(SystemExit):
+            make_config(parser.parse_args([*argv, *bad]), parser)
