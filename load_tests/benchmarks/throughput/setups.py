@@ -63,13 +63,14 @@ def serve_app_doc(model: str, replicas: int, cfg: Mapping[str, Any], port: int) 
 
 def layered_minilm_dir(layers: int) -> Path:
     """The packaged MiniLM's tokenizer and width with ``layers`` encoder layers (dummy weights
-    only): with one layer the forward is nearly free, so a row measures serve_app's own path
-    (parse, tokenize, batch, pool, respond) against the no-op's. Rewritten on each call, in the
-    temporary directory, since every replica of the run reads it."""
+    only): with none (the embedding layer, then pooling) the forward is nearly free, so a row
+    measures serve_app's own path (parse, tokenize, batch, pool, respond) against the no-op's.
+    Rewritten on each call, in the temporary directory, since every replica of the run reads
+    it."""
     from serve_app.adapters.embeddings.modeldir import SKELETON_DIR
 
-    if layers < 1:
-        raise ValueError(f"layers must be >= 1, not {layers}")
+    if layers < 0:
+        raise ValueError(f"layers must be >= 0, not {layers}")
     path = Path(tempfile.gettempdir()) / f"serve_app_bench_minilm_l{layers}"
     path.mkdir(exist_ok=True)
     for src in SKELETON_DIR.iterdir():

@@ -94,14 +94,14 @@ def test_serve_app_layers_rewrite_only_serve_apps_minilm() -> None:
     args = serve_app_doc("minilm", 1, cfg, 8123)["applications"][0]["args"]
     assert "model_path" not in args
     cfg = make_config(
-        parser.parse_args([*argv, "--phases", "serve,noop", "--serve-app-layers", "1"]), parser
+        parser.parse_args([*argv, "--phases", "serve,noop", "--serve-app-layers", "0"]), parser
     )
     args = serve_app_doc("minilm", 1, cfg, 8123)["applications"][0]["args"]
     path = Path(args["model_path"])
     assert args["load_format"] == "dummy"
     full = json.loads((SKELETON_DIR / "config.json").read_text())
-    assert json.loads((path / "config.json").read_text()) == {**full, "num_hidden_layers": 1}
+    assert json.loads((path / "config.json").read_text()) == {**full, "num_hidden_layers": 0}
     assert (path / "tokenizer.json").read_bytes() == (SKELETON_DIR / "tokenizer.json").read_bytes()
-    for bad in (["--serve-app-layers", "0"], ["--serve-app-layers", "1"]):  # the second: ceiling
+    for bad in (["--serve-app-layers", "-1"], ["--serve-app-layers", "0"]):  # the second: ceiling
         with pytest.raises(SystemExit):
             make_config(parser.parse_args([*argv, *bad]), parser)

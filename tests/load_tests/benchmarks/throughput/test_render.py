@@ -81,7 +81,17 @@ def test_render_shows_the_peers_and_the_server_cpu_table() -> None:
         server_cpu_s_per_1000_requests=0.02,
         server_cpu_s_per_1000_requests_by_kind={"haproxy": 0.02},
     )
-    md = render_markdown([ceiling, peer])
+    reloaded = rows.new_row(
+        **common_row(setup="ray_serve_noop", payload="noop", inputs_per_request=1),
+        client="wrk",
+        status="ok",
+        requests_per_s=800.0,
+        server_cpu_s_per_1000_requests=1.1,
+        server_cpu_s_per_1000_requests_by_kind={"replica": 0.8, "ray-daemons": 0.3},
+        server_processes_unmeasured=1,
+    )
+    md = render_markdown([ceiling, peer, reloaded])
+    assert "| 800 | 1.100 (short: 1 process unmeasured) | - |" in md
     assert "### Plain Ray Serve with @serve.batch (peer): MiniLM-L6 embeddings" in md
     assert "### Server CPU per 1,000 requests (every server process, from /proc)" in md
     assert (
