@@ -362,7 +362,41 @@ def r_run_peers_16(ctx: Ctx) -> str:
     return text.replace("### ", "#### ").rstrip()
 
 
+RUN_CPU_PIPELINE = "K_cpu_minilm_l0_pipeline"  # 2026-12-03, two runs on the 2-core CPU host
+
+
+def r_cpu_pipeline(ctx: Ctx) -> str:
+    """Run K: serve_app with a 0-layer MiniLM against the no-op, both runs, every served row."""
+    from load_tests.benchmarks.throughput.render import unmeasured_note
+
+    body = []
+    for sub in ("run1", "run2"):
+        rows = load(ctx.results / TP_DIR / RUN_CPU_PIPELINE / sub / "throughput.json")
+        for r in rows:
+            if r.get("setup") not in ("serve_app", "ray_serve_noop") or r.get("status") != "ok":
+                continue
+            kinds = r.get("server_cpu_s_per_1000_requests_by_kind") or {}
+            replica = kinds.get("replica")
+            body.append(
+                [
+                    ctx.link(f"{TP_DIR}/{RUN_CPU_PIPELINE}/{sub}/throughput.json", sub),
+                    "serve_app, 0 layers" if r["setup"] == "serve_app" else "Ray Serve no-op",
+                    str(r.get("payload")),
+                    str(r.get("client")),
+                    fmt_rate(r.get("requests_per_s")),
+                    f"{r['server_cpu_s_per_1000_requests']:.3f}{unmeasured_note(r)}",
+                    fmt_x(r.get("server_cpu_vs_noop")),
+                    "-" if replica is None else f"{replica:.3f}",
+                    fmt_ms(r.get("p99_ms")),
+                ]
+            )
+    header = ["run", "setup", "payload", "client", "req/s", "server CPU s / 1,000 req"]
+    header += ["x no-op's", "replica CPU s / 1,000 req", "p99"]
+    return table(header, body)
+
+
 RENDERERS: dict[str, tuple[str, Renderer]] = {
+    "throughput-cpu-pipeline": (BLOCK, r_cpu_pipeline),
     "throughput-run-peers-16": (BLOCK, r_run_peers_16),
     "throughput-runs": (BLOCK, r_throughput_runs),
     "throughput-minilm-1": (BLOCK, r_minilm_1),

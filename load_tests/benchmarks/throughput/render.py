@@ -131,7 +131,7 @@ def _cpu(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _unmeasured(row: Mapping[str, Any]) -> str:
+def unmeasured_note(row: Mapping[str, Any]) -> str:
     """A note for a window that left a server process out (one already running that the first
     snapshot missed, as when Ray reloads HAProxy): its figure is short by that process's CPU."""
     n = int(row.get("server_processes_unmeasured") or 0)
@@ -154,7 +154,7 @@ def _cpu_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
                 str(r.get("replicas") or "-"),
                 str(r.get("client")),
                 fmt_rate(r.get("requests_per_s")),
-                _cpu(r.get("server_cpu_s_per_1000_requests")) + _unmeasured(r),
+                _cpu(r.get("server_cpu_s_per_1000_requests")) + unmeasured_note(r),
                 fmt_x(r.get("server_cpu_vs_noop")),
                 "-" if r.get("server_cores_busy") is None else f"{r['server_cores_busy']:.2f}",
                 *(_cpu(by_kind.get(k)) for k in CPU_KINDS),
