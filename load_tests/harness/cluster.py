@@ -92,6 +92,38 @@ def start_cluster(
     return target
 
 
+def haproxy_processes(node_id: str | None = None) -> list[Any]:
+    """This node's HAProxy processes (psutil): two while a reload's old one drains (Ray starts
+    the new one with ``-sf OLD``), one otherwise. ``node_id``: the connected driver's node."""
+    import psutil
+
+    from serve_app import env
+    from serve_app.ops.haproxy import haproxy_node_path
+
+    if node_id is None:
+        import ray
+
+        node_id = ray.get_runtime_context().get_node_id()
+    cfg = str(haproxy_node_path(env.haproxy_config_path(), node_id))
+    found = []
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        if proc.info["name"] == "haproxy" and cfg in (proc.info["cmdline"] or []):
+            found.append(proc)
+    return found
+
+
+def wait_one_haproxy(timeout_s: float = 60.0, node_id: str | None = None) -> int:
+    """Wait (at most ``timeout_s``) until a reload's old HAProxy process has drained and one is
+    left; returns how many there are at the end (1, or 0 at once where the node runs none,
+    or more when it timed out)."""
+    deadline = time.monotonic() + timeout_s
+    procs = haproxy_processes(node_id)
+    while len(procs) > 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        procs = haproxy_processes(node_id)
+    return len(procs)
+
+
 def haproxy_rows(target: Target) -> dict[str, dict[str, str]]:
     """Replica id -> HAProxy's ``show stat`` row, for this app's replicas."""
     from serve_app.ops.haproxy import haproxy_servers

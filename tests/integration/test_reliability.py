@@ -22,6 +22,7 @@ import httpx
 import psutil
 import pytest
 
+from load_tests.harness import cluster as harness_cluster
 from serve_app.ops.cluster_env import HAPROXY_RETRY_DEFAULTS
 from serve_app.ops.haproxy import haproxy_node_path, haproxy_servers
 
@@ -106,29 +107,9 @@ def wait_haproxy_up(replica_ids: set[str], timeout_s: float = 60.0) -> None:
     raise AssertionError(f"HAProxy servers not all UP after {timeout_s:.0f} s: {states}")
 
 
-def haproxy_processes() -> list[psutil.Process]:
-    """This node's HAProxy processes: two while a reload's old one drains (Ray starts the new
-    one with ``-sf OLD``), one otherwise."""
-    import ray
-
-    from serve_app import env
-
-    node_id = ray.get_runtime_context().get_node_id()
-    cfg = str(haproxy_node_path(env.haproxy_config_path(), node_id))
-    found = []
-    for proc in psutil.process_iter(["name", "cmdline"]):
-        if proc.info["name"] == "haproxy" and cfg in (proc.info["cmdline"] or []):
-            found.append(proc)
-    return found
-
-
 def wait_one_haproxy(timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    procs = haproxy_processes()
-    while len(procs) != 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
-        procs = haproxy_processes()
-    assert len(procs) == 1, f"HAProxy processes of this node after {timeout_s:.0f} s: {procs}"
+    n = harness_cluster.wait_one_haproxy(timeout_s)
+    assert n == 1, f"HAProxy processes of this node after {timeout_s:.0f} s: {n}"
 
 
 def ready_state(base: str) -> tuple[int, list[str]]:

@@ -139,6 +139,7 @@ def cpu_delta(
     by_kind: dict[str, float] = {}
     count: dict[str, int] = {}
     started = unmeasured = 0
+    unmeasured_kinds: list[str] = []
     for pid, a in after.items():
         b = before.get(pid)
         if b is not None and abs(b.create_time_s - a.create_time_s) < 0.5:
@@ -147,6 +148,9 @@ def cpu_delta(
             used, started = a.cpu_s, started + 1
         else:
             unmeasured += 1
+            unmeasured_kinds.append(
+                f"{a.kind}, started {window_start_s - a.create_time_s:.1f} s before"
+            )
             continue
         by_kind[a.kind] = by_kind.get(a.kind, 0.0) + max(0.0, used)
         count[a.kind] = count.get(a.kind, 0) + 1
@@ -158,6 +162,7 @@ def cpu_delta(
         "server_processes_started": started,
         "server_processes_exited": sum(1 for pid in before if pid not in after),
         "server_processes_unmeasured": unmeasured,
+        "server_processes_unmeasured_kinds": unmeasured_kinds,
     }
 
 
@@ -206,6 +211,9 @@ def combined(windows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 "server_processes_unmeasured",
             )
         },
+        "server_processes_unmeasured_kinds": [
+            k for w in measured for k in w.get("server_processes_unmeasured_kinds", [])
+        ],
     }
     requests = sum(int(w.get("server_cpu_requests", 0)) for w in measured)
     window_s = sum(float(w.get("server_cpu_window_s", 0.0)) for w in measured)

@@ -31,6 +31,7 @@ CPU_KEYS: tuple[str, ...] = (
     "server_processes_started",
     "server_processes_exited",
     "server_processes_unmeasured",
+    "server_processes_unmeasured_kinds",
     "server_cpu_window_s",
     "server_cpu_requests",
     "server_cores_busy",

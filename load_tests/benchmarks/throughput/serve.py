@@ -88,7 +88,7 @@ def run_job(
     rows go to ``result["rows"]`` as they are made."""
     from load_tests.benchmarks.throughput import litserve_app
     from load_tests.benchmarks.throughput.peer_process import LitServeProcess
-    from load_tests.harness.cluster import server_memory, wait_answer
+    from load_tests.harness.cluster import server_memory, wait_answer, wait_one_haproxy
     from load_tests.harness.nvml import MemorySampler
     from serve_app.config.deploy import check_deploy_config
     from serve_app.ops import launch
@@ -178,6 +178,12 @@ def run_job(
 
         probe = PreparedRequest("POST", base + first.path, first.headers, first.body)
         wait_answer(probe, 60.0)
+        if kind != "litserve":
+            # A reload as the replicas turn healthy leaves its old HAProxy draining: a CPU
+            # window that spans its exit misses HAProxy (the row would say "short").
+            left = wait_one_haproxy(30.0)
+            if left > 1:
+                log(f"{name}: {left} HAProxy processes after 30 s; CPU windows may be short")
         budgets = _budgets(base) if kind == "serve_app" else {}
         # The replicas whose GPU memory must be gone before the next job deploys.
         ctx["pids"] = set(budgets) or _replica_pids(clients)

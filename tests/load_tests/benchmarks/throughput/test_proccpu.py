@@ -112,6 +112,7 @@ def test_cpu_delta_counts_new_processes_whole_and_reused_pids_as_new() -> None:
     assert got["server_processes_by_kind"] == {"replica": 2, "ray-daemons": 1, "other": 1}
     assert (got["server_processes_exited"], got["server_processes_started"]) == (1, 2)
     assert got["server_processes_unmeasured"] == 1
+    assert got["server_processes_unmeasured_kinds"] == [f"other, started {t0 - 800.0:.1f} s before"]
     per = per_1000_requests(got, 4000, 2.0)
     assert per["server_cpu_s_per_1000_requests"] == pytest.approx(4.0 / 4)
     assert per["server_cpu_s_per_1000_requests_by_kind"]["replica"] == pytest.approx(0.75)
