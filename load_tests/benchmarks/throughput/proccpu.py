@@ -16,6 +16,7 @@ one that exits inside it is lost for that window (``server_processes_exited`` sa
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -129,12 +130,22 @@ def _in_kind_order(by_kind: Mapping[str, Any]) -> list[str]:
     return [k for k in KINDS if k in by_kind] + sorted(set(by_kind) - set(KINDS))
 
 
+def psutil_now_s() -> float:
+    """Now on the clock of psutil's ``create_time``: the boot time (whole seconds, from
+    /proc/stat) plus the time since boot. Against ``time.time()`` a process's start time can be
+    up to a second early, and one started in a window then looks started before it."""
+    import psutil
+
+    return float(psutil.boot_time()) + time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
 def cpu_delta(
     before: Mapping[int, ProcCpu], after: Mapping[int, ProcCpu], window_start_s: float
 ) -> dict[str, Any]:
     """CPU seconds the server's processes used between two snapshots, in all and by kind. A
     process in ``after`` only (or under a reused pid) counts whole when it started after
-    ``window_start_s`` (a Unix time); one that the first snapshot missed although it was
+    ``window_start_s`` (on psutil's clock: ``psutil_now_s``); one that the first snapshot missed
+    although it was
     already running cannot be judged and is left out (``server_processes_unmeasured``)."""
     by_kind: dict[str, float] = {}
     count: dict[str, int] = {}
@@ -235,19 +246,17 @@ class ServerCpu:
         self.litserve_roots, self.count_roots = list(litserve_roots), count_roots
         self._before: dict[int, ProcCpu] = {}
         self._t0 = 0.0
+        self._t0_psutil = 0.0
 
     def snapshot(self) -> dict[int, ProcCpu]:
         return snapshot(self.roots, self.exclude, self.litserve_roots, self.count_roots)
 
     def start(self) -> None:
-        import time
-
-        self._t0 = time.time()
+        self._t0, self._t0_psutil = time.time(), psutil_now_s()
         self._before = self.snapshot()
 
     def stop(self, requests: int) -> dict[str, Any]:
-        import time
-
         after = self.snapshot()
         window_s = time.time() - self._t0
-        return per_1000_requests(cpu_delta(self._before, after, self._t0), requests, window_s)
+        delta = cpu_delta(self._before, after, self._t0_psutil)
+        return per_1000_requests(delta, requests, window_s)

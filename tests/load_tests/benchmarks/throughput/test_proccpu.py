@@ -183,3 +183,27 @@ def test_combined_sums_the_windows_before_dividing() -> None:
     assert both["server_cpu_s_per_1000_requests_by_kind"] == {"haproxy": round(0.01 / 0.6, 4)}
     assert both["server_processes_by_kind"] == {"haproxy": 1}
     assert combined([]) == {}
+
+
+def test_a_process_started_in_the_window_is_judged_started_in_it() -> None:
+    """psutil's start times sit on a clock up to a second behind time.time() (the boot time is
+    whole seconds): against time.time() a process started in the window could look started
+    before it, and was left out; against psutil_now_s it is counted whole."""
+    import os
+
+    import psutil
+
+    from load_tests.benchmarks.throughput.proccpu import ServerCpu
+
+    cpu = ServerCpu([os.getpid()], count_roots=False)
+    cpu.start()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+    try:
+        assert psutil.Process(child.pid).create_time() >= cpu._t0_psutil - 0.05
+        time.sleep(0.3)
+        got = cpu.stop(requests=1)
+        assert got["server_processes_unmeasured"] == 0, got
+        assert got["server_processes_started"] == 1, got
+    finally:
+        child.kill()
+        child.wait()
