@@ -362,15 +362,15 @@ def r_run_peers_16(ctx: Ctx) -> str:
     return text.replace("### ", "#### ").rstrip()
 
 
-RUN_CPU_PIPELINE = "K_cpu_minilm_l0_pipeline"  # 2026-12-03, two runs on the 2-core CPU host
+RUN_CPU_PIPELINE = "K_cpu_minilm_l0_pipeline"  # 2026-12-03, three runs on the 2-core CPU host
 
 
 def r_cpu_pipeline(ctx: Ctx) -> str:
-    """Run K: serve_app with a 0-layer MiniLM against the no-op, both runs, every served row."""
+    """Run K: serve_app with a 0-layer MiniLM against the no-op, three runs, every served row."""
     from load_tests.benchmarks.throughput.render import unmeasured_note
 
     body = []
-    for sub in ("run1", "run2"):
+    for sub in ("run1", "run2", "run3"):
         rows = load(ctx.results / TP_DIR / RUN_CPU_PIPELINE / sub / "throughput.json")
         for r in rows:
             if r.get("setup") not in ("serve_app", "ray_serve_noop") or r.get("status") != "ok":
