@@ -326,6 +326,16 @@ def _sigterm(signum: int, frame: object) -> None:
 PROG = "python -m load_tests.reliability.soak"
 
 
+def soak_args(a: argparse.Namespace) -> dict[str, Any]:
+    """The suite's app args; with ``--encoder-layers``, MiniLM at that depth (dummy weights)."""
+    args = app_args(a.device)
+    if a.encoder_layers is not None:
+        from load_tests.benchmarks.throughput.setups import layered_minilm_dir
+
+        args["model_path"] = str(layered_minilm_dir(a.encoder_layers))
+    return args
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG, description=__doc__.split("\n")[0], epilog=PROVENANCE_HELP
@@ -354,6 +364,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tracemalloc-start-s", type=float, default=120.0)
     p.add_argument("--tracemalloc-every-s", type=float, default=300.0)
     p.add_argument("--tracemalloc-frames", type=int, default=12, help="0: malloc stats only")
+    p.add_argument(
+        "--encoder-layers",
+        type=int,
+        default=None,
+        help="MiniLM with this many encoder layers (dummy weights); 0 makes the forward nearly "
+        "free, so a CPU soak serves many more requests an hour: a leak per request shows sooner",
+    )
     env_help = "an env var for the replicas (e.g. MALLOC_ARENA_MAX=2); repeatable"
     p.add_argument("--replica-env", action="append", default=[], type=_key_value, help=env_help)
     return p
@@ -368,6 +385,8 @@ def _key_value(text: str) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line, with --mode's defaults filled in (duration, warm-up)."""
     a = parser().parse_args(argv)
+    if a.encoder_layers is not None and a.encoder_layers < 0:
+        parser().error(f"--encoder-layers {a.encoder_layers} must be >= 0")
     if a.duration_s is None:
         a.duration_s = HOUR_S if a.mode == "slope" else 1800.0
     if a.warmup_s is None:
@@ -390,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         "cores": os.cpu_count(),
         "cli": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
         "replicas": a.replicas,
-        "args": app_args(a.device),
+        "args": soak_args(a),
         "actor_options": actor_options(a.device),
         "load": {
             "items_per_request": len(body["input"]),
@@ -425,13 +444,13 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _sigterm)
     try:
-        if not extra_env(a):
+        if not extra_env(a) and a.encoder_layers is None:
             target = start_suite_cluster(a.device, a.replicas, gpus, 240.0)
-        else:  # the suite's cluster, with more env_vars in the replicas
+        else:  # the suite's cluster, with more env_vars in the replicas or another model depth
             opts = actor_options(a.device)
             opts["runtime_env"]["env_vars"].update(extra_env(a))
             n_cpus = max(8, a.replicas * 2)
-            target = start_cluster(a.replicas, app_args(a.device), opts, gpus, n_cpus, 240.0)
+            target = start_cluster(a.replicas, soak_args(a), opts, gpus, n_cpus, 240.0)
         meta["startup_s"] = round(time.monotonic() - t0, 1)
         meta["reliability_env"] = reliability_env()
         memory_url = f"{target.base}/v1/memory"

@@ -63,6 +63,19 @@ def test_replica_env_adds_env_vars_and_refuses_a_bare_word(capsys) -> None:
     assert "expected KEY=VALUE" in capsys.readouterr().err
 
 
+def test_encoder_layers_point_the_app_at_a_model_of_that_depth() -> None:
+    import json
+    from pathlib import Path
+
+    assert "model_path" not in soak.soak_args(soak.parse_args(["--device", "cpu"]))
+    args = soak.soak_args(soak.parse_args(["--device", "cpu", "--encoder-layers", "0"]))
+    assert args["load_format"] == "dummy" and args["device"] == "cpu"
+    config = json.loads((Path(args["model_path"]) / "config.json").read_text())
+    assert config["num_hidden_layers"] == 0 and config["hidden_size"] == 384
+    with pytest.raises(SystemExit):
+        soak.parse_args(["--encoder-layers", "-1"])
+
+
 def test_rss_parts_and_smaps_read_this_process() -> None:
     import os
 
