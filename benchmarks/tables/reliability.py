@@ -142,6 +142,8 @@ SOAK_FILES = (
     "reliability/soak_cpu_600s.json",
     "reliability/soak_cpu_slope_1800s.json",
     "reliability/soak_cpu_slope_3600s.json",
+    "reliability/soak_cpu_l0_1200s_default.json",
+    "reliability/soak_cpu_l0_1200s_arena2.json",
 )
 MIB_PER_H = 60 / (1 << 20)  # bytes per minute to MiB per hour
 
@@ -167,9 +169,13 @@ def r_soak_cpu(ctx: Ctx) -> str:
         d = load(ctx.results / rel)
         v = d["verdict"]
         reps = v["replicas"]
+        cli = d["cli"]
+        setup = [f"{n} encoder layers" for n in [cli.get("encoder_layers")] if n is not None]
+        setup += [f"`{kv}`" for kv in cli.get("replica_env") or []]
         body.append(
             [
                 *_soak_cells(ctx, rel, d, str(d["commit"])[:7]),
+                ", ".join(setup) or "MiniLM",
                 fmt_range((r["rss_spread_bytes"] / MB for r in reps), 1, " MB"),
                 fmt_range((r["rss_slope_bytes_per_min"] * MIB_PER_H for r in reps), 1, " MiB/h"),
                 "yes" if v["flat"] else "no",
@@ -177,7 +183,8 @@ def r_soak_cpu(ctx: Ctx) -> str:
             ]
         )
     header = ["file", "commit", "duration (warm-up)", "req/s offered (peak)", "sent", "lost"]
-    header += ["failed", "RSS spread per replica after warm-up", "RSS slope per replica", "flat"]
+    header += ["failed", "model, replica env", "RSS spread per replica after warm-up"]
+    header += ["RSS slope per replica", "flat"]
     header += ["slope under 5 MiB/h"]
     return table(header, body)
 
