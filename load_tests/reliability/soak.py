@@ -51,7 +51,6 @@ from load_tests.reliability.gpu_faults import (
     actor_options,
     app_args,
     load_shape,
-    start_suite_cluster,
 )
 from load_tests.reliability.slope import (
     FLAT_BYTES,
@@ -444,13 +443,12 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _sigterm)
     try:
-        if not extra_env(a) and a.encoder_layers is None:
-            target = start_suite_cluster(a.device, a.replicas, gpus, 240.0)
-        else:  # the suite's cluster, with more env_vars in the replicas or another model depth
-            opts = actor_options(a.device)
-            opts["runtime_env"]["env_vars"].update(extra_env(a))
-            n_cpus = max(8, a.replicas * 2)
-            target = start_cluster(a.replicas, soak_args(a), opts, gpus, n_cpus, 240.0)
+        # The suite's cluster (gpu_faults.start_suite_cluster), with the replicas' extra env
+        # vars and the model depth this soak was given.
+        opts = actor_options(a.device)
+        opts["runtime_env"]["env_vars"].update(extra_env(a))
+        n_cpus = max(8, a.replicas * 2)
+        target = start_cluster(a.replicas, meta["args"], opts, gpus, n_cpus, 240.0)
         meta["startup_s"] = round(time.monotonic() - t0, 1)
         meta["reliability_env"] = reliability_env()
         memory_url = f"{target.base}/v1/memory"

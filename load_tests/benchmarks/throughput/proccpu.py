@@ -145,8 +145,8 @@ def cpu_delta(
     """CPU seconds the server's processes used between two snapshots, in all and by kind. A
     process in ``after`` only (or under a reused pid) counts whole when it started after
     ``window_start_s`` (on psutil's clock: ``psutil_now_s``); one that the first snapshot missed
-    although it was
-    already running cannot be judged and is left out (``server_processes_unmeasured``)."""
+    although it was already running cannot be judged and is left out
+    (``server_processes_unmeasured``, with its kind in ``server_processes_unmeasured_kinds``)."""
     by_kind: dict[str, float] = {}
     count: dict[str, int] = {}
     started = unmeasured = 0
@@ -245,18 +245,16 @@ class ServerCpu:
         self.roots, self.exclude = list(roots), list(exclude)
         self.litserve_roots, self.count_roots = list(litserve_roots), count_roots
         self._before: dict[int, ProcCpu] = {}
-        self._t0 = 0.0
-        self._t0_psutil = 0.0
+        self._t0 = 0.0  # on psutil's clock (psutil_now_s), as process start times are
 
     def snapshot(self) -> dict[int, ProcCpu]:
         return snapshot(self.roots, self.exclude, self.litserve_roots, self.count_roots)
 
     def start(self) -> None:
-        self._t0, self._t0_psutil = time.time(), psutil_now_s()
+        self._t0 = psutil_now_s()
         self._before = self.snapshot()
 
     def stop(self, requests: int) -> dict[str, Any]:
         after = self.snapshot()
-        window_s = time.time() - self._t0
-        delta = cpu_delta(self._before, after, self._t0_psutil)
-        return per_1000_requests(delta, requests, window_s)
+        window_s = psutil_now_s() - self._t0
+        return per_1000_requests(cpu_delta(self._before, after, self._t0), requests, window_s)

@@ -179,8 +179,8 @@ def run_job(
         probe = PreparedRequest("POST", base + first.path, first.headers, first.body)
         wait_answer(probe, 60.0)
         if kind != "litserve":
-            # A reload as the replicas turn healthy leaves its old HAProxy draining: a CPU
-            # window that spans its exit misses HAProxy (the row would say "short").
+            # A reload's old HAProxy still draining would exit inside the first CPU window,
+            # and its CPU there would be lost (server_processes_exited).
             left = wait_one_haproxy(30.0)
             if left > 1:
                 log(f"{name}: {left} HAProxy processes after 30 s; CPU windows may be short")
