@@ -141,8 +141,8 @@ def smaps_growth(first: dict[str, int], last: dict[str, int], top: int = 10) -> 
     """The ``top`` mappings whose resident bytes changed most between two smaps_rss readings,
     as [name, bytes then, bytes now, change], the largest change first."""
     names = set(first) | set(last)
-    rows = [[n, first.get(n, 0), last.get(n, 0), last.get(n, 0) - first.get(n, 0)] for n in names]
-    rows = [r for r in rows if r[3]]
+    changes = [(n, first.get(n, 0), last.get(n, 0)) for n in names]
+    rows: list[list[Any]] = [[n, a, b, b - a] for n, a, b in changes if b != a]
     return sorted(rows, key=lambda r: -abs(r[3]))[:top]
 
 
