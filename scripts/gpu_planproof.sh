@@ -12,6 +12,8 @@
 # (an earlier run's measurements.json) skips the measuring and proves a plan from FILE. With py-spy on
 # PATH (its wheel installed with the others, as docs/benchmarks.md shows), one image replica is
 # sampled for 8 s under the plan's load: images_replica.raw (every thread, idle included).
+# MAX_UTILIZATION=F plans each replica at most F of its measured saturation rate (the proof's
+# --max-utilization; unset: the measurements file's).
 set -u
 SERVER_CORES="${SERVER_CORES:-0-9}"
 CLIENT_CORES="${CLIENT_CORES:-10-15}"
@@ -55,7 +57,7 @@ t1=$(date +%s)
 timeout "${PROOF_TIMEOUT_S:-240}" python3 -m load_tests.benchmarks.planproof --out "$WORK/pp" --config "$WORK/config.yaml" \
   --measurements "$WORK/pm/measurements.json" --client-cores "$CLIENT_CORES" \
   --server-cores "$SERVER_CORES" --reserve-cores 1 --duration-s 15 --replan-window-s 8 \
-  > "$WORK/pp.log" 2>&1
+  ${MAX_UTILIZATION:+--max-utilization "$MAX_UTILIZATION"} > "$WORK/pp.log" 2>&1
 echo "planproof rc $? at $(( $(date +%s) - t1 )) s"
 [ -n "$prof_pid" ] && { kill "$prof_pid" 2>/dev/null; wait "$prof_pid" 2>/dev/null; }
 grep -E "planproof: (plan|naive):|verdict|failed|by stage|replan" "$WORK/pp.log" | grep -v "calibration cache" | cut -c1-400

@@ -34,6 +34,8 @@ from typing import Literal, get_args
 logger = logging.getLogger("serve_app")
 
 __all__ = [
+    "GRAPH_MIN_ROOM_BYTES",
+    "GRAPH_POOL_ROOM_SHARE",
     "CachePolicy",
     "GpuMemoryError",
     "InsufficientGpuMemoryError",
@@ -49,6 +51,17 @@ __all__ = [
 ]
 
 _GIB = 1 << 30
+
+# The share of a replica's activation room (its torch cap less the weights) that the graphs'
+# pool may hold. The pool never shrinks while its graphs live, so without a limit a tight cap
+# can end up all pool, and then even a single input has no room to run eagerly (507).
+GRAPH_POOL_ROOM_SHARE = 0.5
+# Below this much room, a replica runs eagerly: each capture's eager warm-up loads kernels
+# outside torch, and a MiniLM replica's graphs take about 0.3 GiB in all (pool and memory
+# outside torch: benchmarks/results/startup/graph_memory_probe_h200.json), which would leave a
+# small cap little room for eager batches. Here, not in gpu.graphs, so that the planner's
+# budgets (serve_app.plan) can leave this room without importing torch.
+GRAPH_MIN_ROOM_BYTES = 1 << 30
 
 CachePolicy = Literal["always", "threshold", "never"]
 """When to return the allocator's cached blocks to the device between batches."""

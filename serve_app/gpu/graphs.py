@@ -42,15 +42,6 @@ logger = logging.getLogger("serve_app")
 Tensors = tuple[torch.Tensor, ...]
 # Eager runs on a side stream before each capture (cuDNN/cuBLAS choices, lazy kernel loading).
 CAPTURE_WARMUP_RUNS = 2
-# The share of a replica's activation room (its torch cap less the weights) that the graphs'
-# pool may hold. The pool never shrinks while its graphs live, so without a limit a tight cap
-# can end up all pool, and then even a single input has no room to run eagerly (507).
-GRAPH_POOL_ROOM_SHARE = 0.5
-# Below this much room, a replica runs eagerly: each capture's eager warm-up loads kernels
-# outside torch, and a MiniLM replica's graphs take about 0.3 GiB in all (pool and memory
-# outside torch: benchmarks/results/startup/graph_memory_probe_h200.json), which would leave a
-# small cap little room for eager batches.
-GRAPH_MIN_ROOM_BYTES = 1 << 30
 
 
 def graph_batch_sizes(limit: int) -> list[int]:

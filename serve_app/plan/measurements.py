@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from serve_app.config.args import validation_messages
 from serve_app.errors import ConfigError
+from serve_app.gpu.budget import GRAPH_MIN_ROOM_BYTES, GRAPH_POOL_ROOM_SHARE
 from serve_app.plan.solver import Candidate, Gpu, ModelAsk, Problem, Reserve
 
 FORMAT = 1
@@ -98,14 +99,22 @@ class Measurements(_Strict):
 
 def budget_bytes(model: ModelSpec, batch_size: int, margin_fraction: float) -> int:
     """A replica's budget at a batch cap: context, weights, graph pool and the batch's peak,
-    plus the margin (allocator fragmentation, what calibration's next step may need)."""
-    need = (
-        model.context_bytes
-        + model.weights_bytes
-        + model.graph_pool_bytes
-        + model.activation_peak_bytes[batch_size]
+    plus the margin (allocator fragmentation, what calibration's next step may need).
+
+    A model measured with CUDA graphs (``graph_pool_bytes`` > 0) gets at least the room beside
+    its weights that a replica needs to capture them (GRAPH_MIN_ROOM_BYTES, and twice the pool:
+    the pool may hold GRAPH_POOL_ROOM_SHARE of the room). Under that a replica runs eagerly
+    (serve_app.startup.capture), slower and with more CPU a request than it was measured at.
+    """
+    base = model.context_bytes + model.weights_bytes
+    need = math.ceil(
+        (base + model.graph_pool_bytes + model.activation_peak_bytes[batch_size])
+        * (1 + margin_fraction)
     )
-    return math.ceil(need * (1 + margin_fraction))
+    if model.graph_pool_bytes <= 0:
+        return need
+    room = max(GRAPH_MIN_ROOM_BYTES, math.ceil(model.graph_pool_bytes / GRAPH_POOL_ROOM_SHARE))
+    return max(need, math.ceil(base * (1 + margin_fraction)) + room)
 
 
 def to_problem(m: Measurements) -> Problem:

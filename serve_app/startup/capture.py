@@ -9,13 +9,8 @@ from typing import Any
 
 from serve_app.adapters.contract import Model
 from serve_app.errors import StartupError
-from serve_app.gpu.budget import format_bytes
-from serve_app.gpu.graphs import (
-    GRAPH_MIN_ROOM_BYTES,
-    GRAPH_POOL_ROOM_SHARE,
-    GraphCaptureError,
-    GraphMemory,
-)
+from serve_app.gpu.budget import GRAPH_MIN_ROOM_BYTES, GRAPH_POOL_ROOM_SHARE, format_bytes
+from serve_app.gpu.graphs import GraphCaptureError, GraphMemory
 from serve_app.gpu.partition import Partition
 
 logger = logging.getLogger("serve_app")

@@ -23,6 +23,7 @@ from load_tests.benchmarks.planproof.proof import (
     model_row,
     naive_config,
     stage_times,
+    startup_left,
     targets_from_measurements,
     verdict,
 )
@@ -157,6 +158,8 @@ def settings(a: argparse.Namespace) -> dict[str, Any]:
         "phases": a.phases.split(","),
         "request_timeout_s": 10.0,
         "ready_timeout_s": a.ready_timeout_s,
+        # Until the replicas' deferred graph captures and warm-up batches are done.
+        "settle_timeout_s": 60.0,
         "rate_per_client_proc": RATE_PER_CLIENT_PROC,
     }
 
@@ -295,6 +298,24 @@ def read_threads(base: str) -> tuple[dict[str, Any], dict[Any, dict[int, float]]
     return doc, thread_seconds(list(doc.get("replicas") or [])), time.monotonic()
 
 
+def wait_settled(base: str, timeout_s: float) -> dict[str, Any]:
+    """Until no replica has start-up work left for between batches (proof.startup_left), at
+    most ``timeout_s``; what was waited for, and what was left when the wait ended."""
+    from serve_app.errors import ServeAppError
+    from serve_app.plan.fromrunning import read_server
+
+    t0, left = time.monotonic(), ["the memory report not read yet"]
+    while time.monotonic() - t0 < timeout_s:
+        try:
+            left = startup_left(read_server(base))
+        except ServeAppError as exc:
+            left = [f"the memory report: {exc}"]
+        if not left:
+            break
+        time.sleep(0.5)
+    return {"waited_s": round(time.monotonic() - t0, 1), "left": left}
+
+
 def thread_figures(
     before: tuple[dict[str, Any], dict[Any, dict[int, float]], float] | None,
     after: tuple[dict[str, Any], dict[Any, dict[int, float]], float] | None,
@@ -344,6 +365,13 @@ def load_phase(
         r = reqs[f.application]
         ct = {"content-type": r.content_type}
         wait_answer(PreparedRequest("POST", f"{base}{f.route}", ct, r.body), 120.0)
+    settled = wait_settled(base, cfg["settle_timeout_s"])
+    log(
+        f"planproof: {name}: start-up work between batches done after {settled['waited_s']} s"
+        if not settled["left"]
+        else f"planproof: {name}: after {settled['waited_s']} s, start-up work still left: "
+        + "; ".join(settled["left"])
+    )
     before = scrape_metrics()
     threads_before = read_threads(base)
     watch = BudgetWatch(f"{base}/v1/memory", interval_s=0.1).start()
@@ -429,6 +457,7 @@ def load_phase(
         )
     return {
         "base_url": base,
+        "settled": settled,
         "models": rows,
         "budget_watch": budget,
         "stages": stages,

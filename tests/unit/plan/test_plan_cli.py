@@ -4,12 +4,14 @@ the report; on the committed retrieval-stack example."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 import yaml
 
 from serve_app.errors import ConfigError
+from serve_app.gpu.budget import GRAPH_MIN_ROOM_BYTES
 from serve_app.ops.cli import main
 from serve_app.plan.measurements import budget_bytes, load_measurements, to_problem
 
@@ -18,6 +20,8 @@ EXAMPLE = ROOT / "examples" / "planning" / "rag-stack-measurements.json"
 COMMITTED = ROOT / "examples" / "planning" / "rag-stack-plan"
 RAG = ROOT / "configs" / "rag-stack.yaml"
 H200 = "150109880320"  # CUDA's total of an H200 (NVML's less the driver's reserve)
+
+MIB = 1 << 20
 
 
 def test_the_written_config_passes_serve_app_check(tmp_path: Path) -> None:
@@ -61,8 +65,33 @@ def test_a_budget_is_context_weights_pool_and_the_batch_peak_plus_the_margin() -
     m = load_measurements(EXAMPLE)
     emb = m.models["embeddings"]
     need = 719323136 + 134217728 + 379584512 + 12582912
-    assert budget_bytes(emb, 32, 0.1) == -(-need * 11 // 10)
+    # The parts plus the margin, and at least graphs' room (the test below) beside the weights.
+    room = math.ceil((719323136 + 134217728) * 1.1) + GRAPH_MIN_ROOM_BYTES
+    assert budget_bytes(emb, 32, 0.1) == max(-(-need * 11 // 10), room)
     assert to_problem(m).models[0].candidates[0].budget_bytes == budget_bytes(emb, 32, 0.1)
+
+
+def test_a_model_measured_with_graphs_gets_the_room_to_capture_them() -> None:
+    # Under GRAPH_MIN_ROOM_BYTES beside its weights a replica runs eagerly (startup.capture):
+    # a plan must not give it a budget that makes it slower than it was measured.
+    m = load_measurements(EXAMPLE)
+    small = m.models["embeddings"].model_copy(
+        update={
+            "context_bytes": 600 * MIB,
+            "weights_bytes": 128 * MIB,
+            "graph_pool_bytes": 130 * MIB,
+        }
+    )
+    base = math.ceil((600 + 128) * MIB * 1.1)
+    assert budget_bytes(small, 32, 0.1) == base + GRAPH_MIN_ROOM_BYTES
+    # A pool over half the minimum room needs twice its size (the pool's share of the room).
+    big_pool = small.model_copy(update={"graph_pool_bytes": 700 * MIB})
+    need = math.ceil(((600 + 128 + 700) * MIB + big_pool.activation_peak_bytes[32]) * 1.1)
+    assert budget_bytes(big_pool, 32, 0.1) == max(need, base + 1400 * MIB)
+    # Measured eagerly (no pool): only what it measured, plus the margin.
+    eager = small.model_copy(update={"graph_pool_bytes": 0})
+    peak = eager.activation_peak_bytes[32]
+    assert budget_bytes(eager, 32, 0.1) == math.ceil(((600 + 128) * MIB + peak) * 1.1)
 
 
 def test_an_ingress_cost_is_charged_to_the_cores_and_shown(tmp_path: Path) -> None:

@@ -70,7 +70,7 @@ def test_weights_that_do_not_fit_name_the_setting() -> None:
 def test_graphs_are_off_when_the_cap_leaves_little_room(caplog) -> None:
     """Under GRAPH_MIN_ROOM_BYTES of room beside the weights no capture is tried (each
     capture's eager warm-up loads kernels outside torch), and the log names the fix."""
-    from serve_app.gpu.graphs import GRAPH_MIN_ROOM_BYTES
+    from serve_app.gpu.budget import GRAPH_MIN_ROOM_BYTES
 
     captured: list[int] = []
     backend = SimpleNamespace(capture_graphs=lambda *a: captured.append(1))

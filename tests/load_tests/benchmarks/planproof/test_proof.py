@@ -17,6 +17,7 @@ from load_tests.benchmarks.planproof.proof import (
     naive_config,
     naive_counts,
     stage_times,
+    startup_left,
     targets_from_measurements,
     verdict,
 )
@@ -34,16 +35,16 @@ CPUS = {
 
 
 def test_the_naive_config_of_the_h200_example_plan() -> None:
-    # The plan: 7 + 2 + 1 + 1 replicas holding 998 share units, 12 cores of 12. Equal replicas:
-    # 3 each would need 3 x (1 + 1 + 1 + 2) = 15 cores; 2 each need 10, and 998 // 8 = 124 units
-    # (1.86 GB of the H200) hold every model's budget (at most 92 units).
-    assert naive_counts(PLAN, CPUS) == (2, 124)
+    # The plan: 7 + 2 + 1 + 1 replicas holding 1,428 share units, 12 cores of 12. Equal
+    # replicas: 3 each would need 3 x (1 + 1 + 1 + 2) = 15 cores; 2 each need 10, and
+    # 1428 // 8 = 178 units (2.67 GB of the H200) hold every model's budget (at most 135 units).
+    assert naive_counts(PLAN, CPUS) == (2, 178)
     naive, notes = naive_config(PLANNED, PLAN, CPUS)
     apps = naive["applications"]
     assert [a["name"] for a in apps] == ["embeddings", "rerank", "classify-text", "classify-images"]
     for app, planned in zip(apps, PLANNED["applications"], strict=True):
         dep = app["deployments"][0]
-        assert dep["num_replicas"] == 2 and dep["ray_actor_options"]["num_gpus"] == 0.0124
+        assert dep["num_replicas"] == 2 and dep["ray_actor_options"]["num_gpus"] == 0.0178
         assert (
             dep["ray_actor_options"]["num_cpus"]
             == planned["deployments"][0]["ray_actor_options"]["num_cpus"]
@@ -53,7 +54,7 @@ def test_the_naive_config_of_the_h200_example_plan() -> None:
         assert planned["args"]["memory"]["budget"] > 0  # the plan's config untouched
     assert check_deploy_config(naive, gpus=1) == []
     assert (
-        "2 replica(s) of each of the 4 models" in notes[0] and "992 of the plan's 998" in notes[0]
+        "2 replica(s) of each of the 4 models" in notes[0] and "1424 of the plan's 1428" in notes[0]
     )
 
 
@@ -190,3 +191,19 @@ def test_the_replan_targets_state_the_asks_the_measurements_carry() -> None:
     Targets.model_validate(asks)  # a valid targets file
     # The example measurements carry the example targets' asks: the same file comes back.
     assert asks == stated
+
+
+def test_startup_left_names_each_replica_with_graphs_or_warm_up_batches_to_go() -> None:
+    report = {
+        "replicas": [
+            {"application": "images", "replica_id": "a", "cuda_graphs_pending": 6},
+            {"application": "images", "replica_id": "b", "cuda_graphs_pending": 0},
+            {"application": "text", "replica_id": "c", "warmup_pending": 2},
+            {"application": "text", "replica_id": "d"},  # a CPU replica reports neither
+        ]
+    }
+    assert startup_left(report) == [
+        "images/a (6 graphs, 0 warm-up batches)",
+        "text/c (0 graphs, 2 warm-up batches)",
+    ]
+    assert startup_left({"replicas": []}) == []
