@@ -48,6 +48,8 @@ def test_cpu_quick_dry_run_end_to_end(tmp_path: Path) -> None:
             assert row["requests"] > 0 and row["answered_rps"] > 0, (phase, row)
             assert row["errors"] == 0 and row["p99_ms"] > 0, (phase, row)
             assert 0 < row["goodput_rps"] <= row["requests"] / 2.0, (phase, row)
+        # The load began once no replica had start-up work left (none on the CPU: no graphs).
+        assert doc["phases"][phase]["settled"]["left"] == [], doc["phases"][phase]["settled"]
         apps = [r["application"] for r in doc["phases"][phase]["replicas"]]
         assert {a: apps.count(a) for a in set(apps)} == served[phase], (phase, apps)
         # Which thread of each replica saturates first: the replicas run on this host.
