@@ -26,7 +26,10 @@ batches: the CUDA graphs and warm-up batches the replica's start-up left. It is 
 ``busy``: False once no request has arrived for ``IDLE_AFTER_S`` (then step after step while
 it stays quiet), and True at least every ``IDLE_WORK_EVERY_S`` while requests come, when it
 should do only what the load itself needs (the replica then captures only the graphs that its
-batches wanted), so a request waits for at most one step.
+batches wanted), so a request waits for at most one step. The worker starts with the first
+request; until then ``start_idle_work`` runs the steps from a thread of its own, so that a
+replica no request has reached yet (HAProxy sent the first ones to a sibling) still finishes
+its start-up work while it is quiet instead of under its first load.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import asyncio
 import contextvars
 import logging
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -400,6 +404,28 @@ class Batcher(Generic[T, R]):
         rate = items / took_s
         prev = self._items_per_s
         self._items_per_s = rate if prev is None else prev + self.RATE_SMOOTHING * (rate - prev)
+
+    def start_idle_work(self) -> threading.Thread | None:
+        """Run ``idle_work``'s steps (``busy`` False: nothing has arrived) on the executor from
+        a daemon thread until they are done or the first request starts the worker, which then
+        takes over; None when there is no idle work. A step in flight when the first request
+        arrives delays its batch by at most that step, as any idle step does."""
+        if self._idle_work is None:
+            return None
+        thread = threading.Thread(target=self._idle_until_traffic, name="idle-work", daemon=True)
+        thread.start()
+        return thread
+
+    def _idle_until_traffic(self) -> None:
+        while (work := self._idle_work) is not None and self._worker is None:
+            try:
+                more = self._executor.submit(work, False).result()
+            except Exception:  # noqa: BLE001 - serving goes on without the rest of it
+                logger.exception("work between batches failed; the rest of it is dropped")
+                more = False
+            self._idle_work_at_s = time.monotonic()
+            if not more:
+                self._idle_work = None
 
     def close(self) -> None:
         """Stop the worker; anything still queued is cancelled."""

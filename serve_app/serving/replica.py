@@ -131,6 +131,9 @@ class ModelServer:
         self._registry = get_registry()
         self._metrics = ReplicaMetrics()
         self._batcher.on_queued = self._metrics.queued
+        # Start-up's leftover graphs and warm-up batches, now, not at this replica's first
+        # request (which may come only under load, once HAProxy spreads it here).
+        self._batcher.start_idle_work()
         if self.partition.gpu_uuid is not None:
             # The node's NVML sampler: the report's GPU totals, and this replica's bytes
             # watched against its budget (escapes).
