@@ -189,7 +189,10 @@ def r_soak_cpu(ctx: Ctx) -> str:
     return table(header, body)
 
 
-SOAK_H200_FILES = ("reliability/soak_h200_slope_1320s.json",)
+SOAK_H200_FILES = (
+    "reliability/soak_h200_slope_1320s.json",
+    "reliability/soak_h200_slope_810s_arena2.json",
+)
 
 
 def r_soak_h200(ctx: Ctx) -> str:
@@ -202,9 +205,11 @@ def r_soak_h200(ctx: Ctx) -> str:
         def slopes(key: str, reps: list[dict[str, Any]] = reps) -> str:
             return fmt_range((r[f"{key}_slope_bytes_per_min"] * MIB_PER_H for r in reps), 1, "")
 
+        env = [f"`{kv}`" for kv in d["cli"].get("replica_env") or []]
         body.append(
             [
-                *_soak_cells(ctx, rel, d, str(d["code_commit"])),
+                *_soak_cells(ctx, rel, d, str(d["code_commit"])[:7]),
+                ", ".join(env) or "glibc's defaults",
                 f"{mem['budget_violations']} in {mem['nvml_samples_judged']:,}",
                 slopes("rss"),
                 slopes("nvml"),
@@ -213,7 +218,7 @@ def r_soak_h200(ctx: Ctx) -> str:
             ]
         )
     header = ["file", "code", "duration (warm-up)", "req/s offered (peak)", "sent", "lost"]
-    header += ["failed", "budget violations in NVML samples", "RSS slope (MiB/h)"]
+    header += ["failed", "replica env", "budget violations in NVML samples", "RSS slope (MiB/h)"]
     header += ["NVML slope (MiB/h)", "reserved slope (MiB/h)", "every slope under 5 MiB/h"]
     return table(header, body)
 
