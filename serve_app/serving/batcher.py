@@ -54,6 +54,16 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+def _step(work: Callable[[bool], bool], busy: bool) -> bool:
+    """One step of idle work; whether more remains (False once it fails: logged, and what it
+    had left is simply not done)."""
+    try:
+        return work(busy)
+    except Exception:  # noqa: BLE001 - serving goes on without the rest of it
+        logger.exception("work between batches failed; the rest of it is dropped")
+        return False
+
+
 class _Request:
     """One caller's items in the queue: ``taken`` of them are in a batch already, and the one
     future resolves once every output is in ``outputs``."""
@@ -361,11 +371,10 @@ class Batcher(Generic[T, R]):
         """One step of ``idle_work`` on the executor (``busy``: requests are queued); it is
         dropped when done or when it fails (logged: what it had left is simply not done)."""
         assert self._idle_work is not None
-        try:
-            more = await loop.run_in_executor(self._executor, self._idle_work, busy)
-        except Exception:  # noqa: BLE001 - serving goes on without the rest of it
-            logger.exception("work between batches failed; the rest of it is dropped")
-            more = False
+        more = await loop.run_in_executor(self._executor, _step, self._idle_work, busy)
+        self._stepped(more)
+
+    def _stepped(self, more: bool) -> None:
         self._idle_work_at_s = time.monotonic()
         if not more:
             self._idle_work = None
@@ -418,14 +427,7 @@ class Batcher(Generic[T, R]):
 
     def _idle_until_traffic(self) -> None:
         while (work := self._idle_work) is not None and self._worker is None:
-            try:
-                more = self._executor.submit(work, False).result()
-            except Exception:  # noqa: BLE001 - serving goes on without the rest of it
-                logger.exception("work between batches failed; the rest of it is dropped")
-                more = False
-            self._idle_work_at_s = time.monotonic()
-            if not more:
-                self._idle_work = None
+            self._stepped(self._executor.submit(_step, work, False).result())
 
     def close(self) -> None:
         """Stop the worker; anything still queued is cancelled."""
