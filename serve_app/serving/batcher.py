@@ -21,15 +21,11 @@ takes items of like lengths (``_take_by_tokens``): the oldest request's next ite
 those of the same power-of-two length bucket behind it; items of other lengths join only when
 everything queued fits in the one batch, or once passed over ``MAX_SKIPS`` times.
 
-``idle_work`` (optional) is work in small steps that must run on the model's executor between
-batches: the CUDA graphs and warm-up batches the replica's start-up left. It is called with
-``busy``: False once no request has arrived for ``IDLE_AFTER_S`` (then step after step while
-it stays quiet), and True at least every ``IDLE_WORK_EVERY_S`` while requests come, when it
-should do only what the load itself needs (the replica then captures only the graphs that its
-batches wanted), so a request waits for at most one step. The worker starts with the first
-request; until then ``start_idle_work`` runs the steps from a thread of its own, so that a
-replica no request has reached yet (HAProxy sent the first ones to a sibling) still finishes
-its start-up work while it is quiet instead of under its first load.
+``idle_work`` (optional): work in small steps to run on the model's executor between batches
+(the graphs and warm-up batches start-up left; before the first request starts the worker,
+serving.idle.before_traffic runs them). ``busy`` is False once no request has come for
+``IDLE_AFTER_S``, and True at least every ``IDLE_WORK_EVERY_S`` while requests come: then only
+what the load needs (the graphs its batches wanted), so a request waits at most one step.
 """
 
 from __future__ import annotations
@@ -38,7 +34,6 @@ import asyncio
 import contextvars
 import logging
 import math
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -52,16 +47,6 @@ logger = logging.getLogger("serve_app")
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-def _step(work: Callable[[bool], bool], busy: bool) -> bool:
-    """One step of idle work; whether more remains (False once it fails: logged, and what it
-    had left is simply not done)."""
-    try:
-        return work(busy)
-    except Exception:  # noqa: BLE001 - serving goes on without the rest of it
-        logger.exception("work between batches failed; the rest of it is dropped")
-        return False
 
 
 class _Request:
@@ -165,6 +150,10 @@ class Batcher(Generic[T, R]):
         self._arrived_at_s = time.monotonic()  # the latest request's arrival
         # Called with a request's wait once its first item joins a batch (serving/metrics).
         self.on_queued: Callable[[float], None] | None = None
+
+    @property
+    def started(self) -> bool:  # the worker, started by the first request, runs idle work
+        return self._worker is not None
 
     @property
     def queued(self) -> int:
@@ -371,10 +360,11 @@ class Batcher(Generic[T, R]):
         """One step of ``idle_work`` on the executor (``busy``: requests are queued); it is
         dropped when done or when it fails (logged: what it had left is simply not done)."""
         assert self._idle_work is not None
-        more = await loop.run_in_executor(self._executor, _step, self._idle_work, busy)
-        self._stepped(more)
-
-    def _stepped(self, more: bool) -> None:
+        try:
+            more = await loop.run_in_executor(self._executor, self._idle_work, busy)
+        except Exception:  # noqa: BLE001 - serving goes on without the rest of it
+            logger.exception("work between batches failed; the rest of it is dropped")
+            more = False
         self._idle_work_at_s = time.monotonic()
         if not more:
             self._idle_work = None
@@ -413,21 +403,6 @@ class Batcher(Generic[T, R]):
         rate = items / took_s
         prev = self._items_per_s
         self._items_per_s = rate if prev is None else prev + self.RATE_SMOOTHING * (rate - prev)
-
-    def start_idle_work(self) -> threading.Thread | None:
-        """Run ``idle_work``'s steps (``busy`` False: nothing has arrived) on the executor from
-        a daemon thread until they are done or the first request starts the worker, which then
-        takes over; None when there is no idle work. A step in flight when the first request
-        arrives delays its batch by at most that step, as any idle step does."""
-        if self._idle_work is None:
-            return None
-        thread = threading.Thread(target=self._idle_until_traffic, name="idle-work", daemon=True)
-        thread.start()
-        return thread
-
-    def _idle_until_traffic(self) -> None:
-        while (work := self._idle_work) is not None and self._worker is None:
-            self._stepped(self._executor.submit(_step, work, False).result())
 
     def close(self) -> None:
         """Stop the worker; anything still queued is cancelled."""

