@@ -162,7 +162,7 @@ def _settled(base: str, name: str, not_pid: int | None, log: Callable[[str], Non
     deadline = time.monotonic() + SETTLE_TIMEOUT_S
     while True:
         report = _replica(base, name, not_pid)
-        if not (report.get("cuda_graphs_pending") or report.get("warmup_pending")):
+        if not rd.startup_left([report]):
             return report
         if time.monotonic() > deadline:
             log(f"plan --measure: {name}: start-up work still pending; measuring anyway")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -323,3 +323,17 @@ def measurements_doc(
     }
     Measurements.model_validate(doc)
     return doc
+
+
+def startup_left(replicas: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The replica reports (GET /v1/memory's ``replicas``) that still have start-up work left
+    for between batches (CUDA graphs to capture, warm-up batches), as "application/replica (N
+    graphs, M warm-up batches)". Under load a replica captures the shapes its batches want and
+    stalls its queue meanwhile: a window measured before this is done measures start-up."""
+    left = []
+    for r in replicas:
+        graphs, warmup = int(r.get("cuda_graphs_pending") or 0), int(r.get("warmup_pending") or 0)
+        if graphs or warmup:
+            name = f"{r.get('application', '?')}/{r.get('replica_id', '?')}"
+            left.append(f"{name} ({graphs} graphs, {warmup} warm-up batches)")
+    return left

@@ -23,7 +23,6 @@ from load_tests.benchmarks.planproof.proof import (
     model_row,
     naive_config,
     stage_times,
-    startup_left,
     targets_from_measurements,
     verdict,
 )
@@ -299,15 +298,16 @@ def read_threads(base: str) -> tuple[dict[str, Any], dict[Any, dict[int, float]]
 
 
 def wait_settled(base: str, timeout_s: float) -> dict[str, Any]:
-    """Until no replica has start-up work left for between batches (proof.startup_left), at
-    most ``timeout_s``; what was waited for, and what was left when the wait ended."""
+    """Until no replica has start-up work left for between batches (plan.readings.startup_left),
+    at most ``timeout_s``; what was waited for, and what was left when the wait ended."""
     from serve_app.errors import ServeAppError
     from serve_app.plan.fromrunning import read_server
+    from serve_app.plan.readings import startup_left
 
     t0, left = time.monotonic(), ["the memory report not read yet"]
     while time.monotonic() - t0 < timeout_s:
         try:
-            left = startup_left(read_server(base))
+            left = startup_left(read_server(base).get("replicas") or [])
         except ServeAppError as exc:
             left = [f"the memory report: {exc}"]
         if not left:

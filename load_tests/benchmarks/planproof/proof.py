@@ -98,21 +98,6 @@ def naive_config(
     return out, notes
 
 
-def startup_left(report: Mapping[str, Any]) -> list[str]:
-    """The replicas of a GET /v1/memory report that still have start-up work left for between
-    batches (CUDA graphs to capture, warm-up batches), as "application/replica (N graphs, M
-    warm-up batches)". Under load a replica captures the shapes its batches want and stalls
-    its queue meanwhile: a proof window that starts before this is done measures start-up,
-    not the plan."""
-    left = []
-    for r in report.get("replicas") or []:
-        graphs, warmup = int(r.get("cuda_graphs_pending") or 0), int(r.get("warmup_pending") or 0)
-        if graphs or warmup:
-            name = f"{r.get('application', '?')}/{r.get('replica_id', '?')}"
-            left.append(f"{name} ({graphs} graphs, {warmup} warm-up batches)")
-    return left
-
-
 def goodput_per_s(
     arrays: Sequence[np.ndarray], target_s: float, warmup_s: float, duration_s: float
 ) -> float:

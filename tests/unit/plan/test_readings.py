@@ -19,6 +19,7 @@ from serve_app.plan.readings import (
     measurements_doc,
     model_entry,
     percentile,
+    startup_left,
     with_serving_peaks,
 )
 from serve_app.plan.targets import ModelTarget
@@ -233,3 +234,17 @@ def test_serving_peaks_raise_an_activation_peak_that_calibration_underestimated(
     assert got.context_bytes == memory.context_bytes and got.weights_bytes == memory.weights_bytes
     # Nothing above calibration (or no NVML reading): the figures are returned as they were.
     assert with_serving_peaks(memory, [CandidateReading(64, loop(5), loop(5))]) is memory
+
+
+def test_startup_left_names_each_replica_with_graphs_or_warm_up_batches_to_go() -> None:
+    replicas = [
+        {"application": "images", "replica_id": "a", "cuda_graphs_pending": 6},
+        {"application": "images", "replica_id": "b", "cuda_graphs_pending": 0},
+        {"application": "text", "replica_id": "c", "warmup_pending": 2},
+        {"application": "text", "replica_id": "d"},  # a CPU replica reports neither
+    ]
+    assert startup_left(replicas) == [
+        "images/a (6 graphs, 0 warm-up batches)",
+        "text/c (0 graphs, 2 warm-up batches)",
+    ]
+    assert startup_left([]) == []

@@ -17,7 +17,6 @@ from load_tests.benchmarks.planproof.proof import (
     naive_config,
     naive_counts,
     stage_times,
-    startup_left,
     targets_from_measurements,
     verdict,
 )
@@ -191,19 +190,3 @@ def test_the_replan_targets_state_the_asks_the_measurements_carry() -> None:
     Targets.model_validate(asks)  # a valid targets file
     # The example measurements carry the example targets' asks: the same file comes back.
     assert asks == stated
-
-
-def test_startup_left_names_each_replica_with_graphs_or_warm_up_batches_to_go() -> None:
-    report = {
-        "replicas": [
-            {"application": "images", "replica_id": "a", "cuda_graphs_pending": 6},
-            {"application": "images", "replica_id": "b", "cuda_graphs_pending": 0},
-            {"application": "text", "replica_id": "c", "warmup_pending": 2},
-            {"application": "text", "replica_id": "d"},  # a CPU replica reports neither
-        ]
-    }
-    assert startup_left(report) == [
-        "images/a (6 graphs, 0 warm-up batches)",
-        "text/c (0 graphs, 2 warm-up batches)",
-    ]
-    assert startup_left({"replicas": []}) == []
