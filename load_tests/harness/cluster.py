@@ -42,6 +42,7 @@ class Target:
     base: str  # http://127.0.0.1:PORT/faults
     node_id: str
     replicas: int = 2
+    app: str = APP  # the Serve application (and its route prefix, /APP)
 
     @property
     def url(self) -> str:
@@ -92,6 +93,34 @@ def start_cluster(
     return target
 
 
+def add_app(
+    beside: Target,
+    name: str,
+    replicas: int,
+    args: dict[str, Any],
+    actor_options: dict[str, Any],
+    timeout_s: float = WHOLE_TIMEOUT_S,
+) -> Target:
+    """A second application ``name`` (route prefix /NAME) on ``beside``'s running cluster, with
+    its own args and actor options; returns once its ``replicas`` are UP in HAProxy."""
+    from ray import serve
+
+    from serve_app.config.args import parse_args
+    from serve_app.ops import launch
+    from serve_app.serving.replica import ModelServer
+
+    app = ModelServer.options(  # type: ignore[attr-defined]
+        num_replicas=replicas, ray_actor_options=actor_options
+    ).bind(parse_args(args).model_dump())
+    serve.run(app, name=name, route_prefix=f"/{name}")
+    base = beside.base.rsplit("/", 1)[0]
+    target = Target(f"{base}/{name}", beside.node_id, replicas, app=name)
+    launch.wait_ready(target.base, timeout_s)
+    if wait_whole(target, timeout_s=timeout_s) is None:
+        raise RuntimeError(f"{name}: {replicas} replicas not all UP in HAProxy in {timeout_s} s")
+    return target
+
+
 def haproxy_processes(node_id: str | None = None) -> list[Any]:
     """This node's HAProxy processes (psutil): two while a reload's old one drains (Ray starts
     the new one with ``-sf OLD``), one otherwise. ``node_id``: the connected driver's node."""
@@ -128,7 +157,7 @@ def haproxy_rows(target: Target) -> dict[str, dict[str, str]]:
     """Replica id -> HAProxy's ``show stat`` row, for this app's replicas."""
     from serve_app.ops.haproxy import haproxy_servers
 
-    prefix = f"http-{APP}/SERVE_REPLICA_{APP}-model-"
+    prefix = f"http-{target.app}/SERVE_REPLICA_{target.app}-model-"
     servers = haproxy_servers(target.node_id)
     return {name[len(prefix) :]: s for name, s in servers.items() if name.startswith(prefix)}
 

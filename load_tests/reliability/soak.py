@@ -25,6 +25,12 @@ RSS and NVML spread <= ``--flat-bytes``, 100_000_000 by default (the issue's 100
 None when no replica had two rows after its warm-up. Exit 0 when flat, nothing lost and no
 budget violation. Only 127.0.0.1 is targeted; every wait is bounded; Ray is shut down on error,
 Ctrl-C or SIGTERM.
+
+``--compare-env KEY=VALUE`` makes the soak an A/B of one run: a second application
+(``compare``) beside the first, whose replicas also get that env var, ``--replicas`` split
+between them. Each one's peak is measured alone (the other idle), twice, alternating; both are
+then offered ``--load-fraction`` of the lower mean peak at once, and the JSON gives
+``peaks_rps``, each chunk ``by_application`` and ``verdict_by_application`` beside the whole.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from typing import Any
 
 import httpx
 
-from load_tests.harness.cluster import reliability_env, start_cluster
+from load_tests.harness.cluster import APP, Target, add_app, reliability_env, start_cluster
 from load_tests.harness.load import Outcome, capacity, open_loop, pct
 from load_tests.harness.load import tally as tally_outcomes
 from load_tests.harness.meta import PROVENANCE_HELP, run_meta
@@ -64,6 +70,8 @@ from load_tests.reliability.slope import (
 )
 
 NVML_INTERVAL_S = 0.5
+COMPARE_APP = "compare"  # --compare-env's application, beside the suite's APP
+PEAK_ROUNDS = 2  # --compare-env: each application's peak alone, alternating, this many times
 MB = 1_000_000
 HOUR_S = 3600.0
 SLOPE_WARMUP_S = 600.0  # --mode slope: Ray's and the replica's start-up growth is over by then
@@ -192,6 +200,7 @@ class Sampler:
                 continue
             self.replica_ids[pid] = str(rep.get("replica_id"))
             row = {"t_s": t_s, "pid": pid, "rss_bytes": rss, "nvml_bytes": nvml.get(pid)}
+            row["application"] = rep.get("application")
             self.rows.append({**row, "reserved_bytes": rep.get("reserved_bytes"), **rss_parts(pid)})
             self._smaps(pid, t_s)
 
@@ -257,10 +266,12 @@ def plot(path: Path, rows: list[Sample], warmup_s: float) -> bool:
         return False
     fig, axes = plt.subplots(len(metrics), 1, figsize=(8, 2.6 * len(metrics)), sharex=True)
     for ax, m in zip(fig.axes, metrics, strict=True):
-        for pid in sorted({r["pid"] for r in rows}):
+        apps = {r["pid"]: r.get("application") for r in rows}
+        for pid in sorted(apps):
             pts = [(r["t_s"], r[f"{m}_bytes"] / MB) for r in rows if r["pid"] == pid]
             pts = [p for p in pts if p[1] is not None]
-            ax.plot([t for t, _ in pts], [y for _, y in pts], marker=".", label=f"pid {pid}")
+            label = f"pid {pid}" + (f" ({apps[pid]})" if len(set(apps.values())) > 1 else "")
+            ax.plot([t for t, _ in pts], [y for _, y in pts], marker=".", label=label)
         ax.axvline(warmup_s, color="grey", linestyle="--", linewidth=1)
         ax.set_ylabel(f"{m.upper()} (MB)")
         ax.grid(alpha=0.3)
@@ -307,6 +318,70 @@ def extra_env(a: argparse.Namespace) -> dict[str, str]:
     return out | tracemem.replica_env(
         a.tracemalloc_dir, a.tracemalloc_start_s, a.tracemalloc_every_s, a.tracemalloc_frames
     )
+
+
+def compare_env(a: argparse.Namespace) -> dict[str, str]:
+    """--compare-env's env vars, which only COMPARE_APP's replicas get."""
+    return dict(kv.split("=", 1) for kv in a.compare_env)
+
+
+def split_replicas(replicas: int, compare: bool) -> dict[str, int]:
+    """Replicas per application: all in APP, or with --compare-env half each (APP the smaller
+    half when odd)."""
+    if not compare:
+        return {APP: replicas}
+    return {APP: replicas // 2, COMPARE_APP: replicas - replicas // 2}
+
+
+def lowest_peak(peaks: dict[str, list[float]]) -> float:
+    """The lowest of the applications' mean peaks: with --compare-env both are offered the
+    same fraction of it, so that they carry the same load."""
+    return min(sum(v) / len(v) for v in peaks.values())
+
+
+def by_application(rows: list[Sample]) -> dict[str, list[Sample]]:
+    """The sample rows of each application (``application`` of the replica's report)."""
+    out: dict[str, list[Sample]] = {}
+    for r in rows:
+        out.setdefault(str(r.get("application")), []).append(r)
+    return out
+
+
+def measure_peaks(
+    targets: dict[str, Target], seconds: float, body: dict[str, Any], clients: int
+) -> dict[str, list[float]]:
+    """Each application's closed-loop peak, alone (the others idle): once with one
+    application; with two, after a window of each not counted, PEAK_ROUNDS times alternating,
+    so that a drift weighs on both."""
+    rounds = 1 if len(targets) == 1 else PEAK_ROUNDS
+    peaks: dict[str, list[float]] = {name: [] for name in targets}
+    if rounds > 1:  # a first window of each, not counted: neither pays its first batches alone
+        for target in targets.values():
+            capacity(target, min(seconds, 3.0), body=body, clients=clients)
+    for _ in range(rounds):
+        for name, target in targets.items():
+            peaks[name].append(round(capacity(target, seconds, body=body, clients=clients), 1))
+    return peaks
+
+
+def open_loops(
+    targets: dict[str, Target], rate: float, seconds: float, body: dict[str, Any], processes: int
+) -> dict[str, list[Outcome]]:
+    """One open-loop chunk at ``rate`` against each application, all at once."""
+    out: dict[str, list[Outcome]] = {}
+
+    def one(name: str, target: Target) -> None:
+        out[name] = open_loop(target.url, rate, seconds, body, processes)
+
+    threads = [threading.Thread(target=one, args=item) for item in targets.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    missing = set(targets) - set(out)
+    if missing:
+        raise RuntimeError(f"the open loop against {sorted(missing)} failed (see above)")
+    return out
 
 
 def tracing_wait_s(a: argparse.Namespace) -> float:
@@ -372,6 +447,13 @@ def parser() -> argparse.ArgumentParser:
     )
     env_help = "an env var for the replicas (e.g. MALLOC_ARENA_MAX=2); repeatable"
     p.add_argument("--replica-env", action="append", default=[], type=_key_value, help=env_help)
+    compare_help = (
+        "A/B in one run: a second application whose replicas also get this env var "
+        "(repeatable); --replicas is split between the two, each one's peak is measured alone "
+        f"{PEAK_ROUNDS} times, alternating, and both are offered --load-fraction of the lower "
+        "mean peak at once; the verdict is also given per application"
+    )
+    p.add_argument("--compare-env", action="append", default=[], type=_key_value, help=compare_help)
     return p
 
 
@@ -386,6 +468,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a = parser().parse_args(argv)
     if a.encoder_layers is not None and a.encoder_layers < 0:
         parser().error(f"--encoder-layers {a.encoder_layers} must be >= 0")
+    if a.compare_env and a.replicas < 2:
+        parser().error(
+            f"--compare-env needs --replicas >= 2 (one per application), not {a.replicas}"
+        )
     if a.duration_s is None:
         a.duration_s = HOUR_S if a.mode == "slope" else 1800.0
     if a.warmup_s is None:
@@ -408,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         "cores": os.cpu_count(),
         "cli": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
         "replicas": a.replicas,
+        "replicas_by_application": split_replicas(a.replicas, bool(a.compare_env)),
+        "compare_env": compare_env(a),
         "args": soak_args(a),
         "actor_options": actor_options(a.device),
         "load": {
@@ -427,12 +515,15 @@ def main(argv: list[str] | None = None) -> int:
         rows = sampler.rows if sampler else []
         totals = {k: sum(c[k] for c in chunks) for k in ("sent", "ok", "failed", "lost")}
         pids = sampler.replica_ids if sampler else {}
+        judge = (warmup_s, a.flat_bytes, a.slope_target_mib_per_h)
+        apps = by_application(rows) if a.compare_env else {}
         return {
             **meta,
             "complete": complete,
             "took_s": round(time.monotonic() - t0, 1),
             "totals": totals,
-            "verdict": verdict(rows, warmup_s, a.flat_bytes, a.slope_target_mib_per_h),
+            "verdict": verdict(rows, *judge),
+            "verdict_by_application": {k: verdict(v, *judge) for k, v in sorted(apps.items())},
             "chunks": chunks,
             "replica_ids": {str(pid): rid for pid, rid in pids.items()},
             "sampler_notes": sampler.notes[:50] if sampler else [],
@@ -448,7 +539,14 @@ def main(argv: list[str] | None = None) -> int:
         opts = actor_options(a.device)
         opts["runtime_env"]["env_vars"].update(extra_env(a))
         n_cpus = max(8, a.replicas * 2)
-        target = start_cluster(a.replicas, meta["args"], opts, gpus, n_cpus, 240.0)
+        counts = meta["replicas_by_application"]
+        target = start_cluster(counts[APP], meta["args"], opts, gpus, n_cpus, 240.0)
+        targets = {APP: target}
+        if a.compare_env:  # the same app beside it, its replicas with the env vars added
+            env = {**opts["runtime_env"]["env_vars"], **compare_env(a)}
+            opts_b = {**opts, "runtime_env": {**opts["runtime_env"], "env_vars": env}}
+            n_b = counts[COMPARE_APP]
+            targets[COMPARE_APP] = add_app(target, COMPARE_APP, n_b, meta["args"], opts_b, 240.0)
         meta["startup_s"] = round(time.monotonic() - t0, 1)
         meta["reliability_env"] = reliability_env()
         memory_url = f"{target.base}/v1/memory"
@@ -457,21 +555,31 @@ def main(argv: list[str] | None = None) -> int:
         if (wait_s := tracing_wait_s(a)) > 0:
             print(f"waiting {wait_s:.0f} s for tracemalloc to start in the replicas", flush=True)
             time.sleep(wait_s)
-        peak = capacity(target, a.peak_s, body=body, clients=clients)
+        peaks = measure_peaks(targets, a.peak_s, body, clients)
+        peak = lowest_peak(peaks)
         rate = max(1.0, a.load_fraction * peak)
         meta.update({"peak_rps": round(peak, 1), "rate_rps": round(rate, 1)})
+        if a.compare_env:
+            meta["peaks_rps"] = peaks
+        each = " each" if a.compare_env else ""
         print(
-            f"deployed in {meta['startup_s']} s; peak {peak:.1f} req/s, soak at {rate:.1f}",
+            f"deployed in {meta['startup_s']} s; peak {peak:.1f} req/s, soak at {rate:.1f}{each}"
+            + (f" (peaks alone: {peaks})" if a.compare_env else ""),
             flush=True,
         )
         sampler = Sampler(memory_url, a.sample_s, watch, smaps_after_s=warmup_s).start()
         while (left_s := a.duration_s - (time.monotonic() - sampler.t0)) > 1.0:
             start_s, chunk_s = time.monotonic() - sampler.t0, min(a.chunk_s, left_s)
-            outcomes = open_loop(target.url, rate, chunk_s, body, processes)
+            by_app = open_loops(targets, rate, chunk_s, body, processes)
             wall_s = time.monotonic() - sampler.t0 - start_s
             # The last send is at (n - 1) / rate: keep the schedule (no short chunk after it).
             time.sleep(max(0.0, chunk_s - wall_s))
+            outcomes = [o for part in by_app.values() for o in part]
             chunks.append(chunk_stats(outcomes, start_s, chunk_s, wall_s))
+            if a.compare_env:
+                chunks[-1]["by_application"] = {
+                    k: chunk_stats(v, start_s, chunk_s, wall_s) for k, v in by_app.items()
+                }
             write(a.out, doc())
             c = chunks[-1]
             print(
@@ -501,6 +609,10 @@ def main(argv: list[str] | None = None) -> int:
         m = meta["memory"]
         print(f"budget violations: {violations} in {m['nvml_samples_judged']} NVML samples")
     print_verdict(v)
+    for name, app_v in doc()["verdict_by_application"].items():
+        env = compare_env(a) if name == COMPARE_APP else "its env as given"
+        print(f"application {name} ({env}):")
+        print_verdict(app_v)
     print(f"wrote {a.out} in {round(time.monotonic() - t0, 1)} s")
     judged = v["slope_ok"] if a.mode == "slope" else v["flat"]
     return 0 if judged and totals["lost"] == 0 and not violations else 1

@@ -104,3 +104,35 @@ def test_the_peak_is_measured_after_tracing_starts_when_frames_are_traced() -> N
     assert soak.tracing_wait_s(soak.parse_args(malloc_only)) == 0.0
     traced = ["--tracemalloc-dir", "tm", "--tracemalloc-start-s", "150"]
     assert soak.tracing_wait_s(soak.parse_args(traced)) == 155.0
+
+
+def test_compare_env_splits_the_replicas_and_keeps_its_env_apart(capsys) -> None:
+    a = soak.parse_args(["--replicas", "5", "--compare-env", "MALLOC_ARENA_MAX=2"])
+    assert soak.compare_env(a) == {"MALLOC_ARENA_MAX": "2"}
+    assert soak.extra_env(a) == {}  # the first application's replicas do not get it
+    assert soak.split_replicas(5, True) == {soak.APP: 2, soak.COMPARE_APP: 3}
+    assert soak.split_replicas(4, False) == {soak.APP: 4}
+    with pytest.raises(SystemExit):
+        soak.parse_args(["--replicas", "1", "--compare-env", "MALLOC_ARENA_MAX=2"])
+    assert "--replicas >= 2" in capsys.readouterr().err
+
+
+def test_both_applications_are_offered_a_share_of_the_lower_mean_peak() -> None:
+    peaks = {soak.APP: [100.0, 80.0], soak.COMPARE_APP: [95.0, 95.0]}
+    assert soak.lowest_peak(peaks) == 90.0
+    assert soak.lowest_peak({soak.APP: [42.0]}) == 42.0
+
+
+def test_rows_are_judged_per_application_as_well() -> None:
+    rows = [
+        {**row(t, pid, 100_000_000 + k * t * 10_000), "application": app}
+        for pid, (app, k) in {1: (soak.APP, 0), 2: (soak.COMPARE_APP, 1)}.items()
+        for t in range(0, 700, 50)
+    ]
+    apps = soak.by_application(rows)
+    assert sorted(apps) == sorted([soak.APP, soak.COMPARE_APP])
+    assert {r["pid"] for r in apps[soak.COMPARE_APP]} == {2}
+    flat = soak.verdict(apps[soak.APP], 100.0)
+    grows = soak.verdict(apps[soak.COMPARE_APP], 100.0)
+    assert flat["slope_ok"] is True
+    assert grows["slope_ok"] is False  # 10 kB/s is 34 MiB/h
