@@ -192,31 +192,51 @@ def r_soak_cpu(ctx: Ctx) -> str:
 SOAK_H200_FILES = (
     "reliability/soak_h200_slope_1320s.json",
     "reliability/soak_h200_slope_810s_arena2.json",
+    "reliability/soak_h200_ab_arena2_840s.json",
 )
+
+
+def _soak_parts(d: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], Mapping[str, Any]]]:
+    """(replica env, the soak doc as one row would read it, verdict) per row: one for a plain
+    soak, one per application for a --compare-env A/B (its totals, peak and verdict)."""
+    env = [f"`{kv}`" for kv in d["cli"].get("replica_env") or []]
+    if not d.get("compare_env"):
+        return [(", ".join(env) or "glibc's defaults", d, d["verdict"])]
+    out = []
+    for app, v in d["verdict_by_application"].items():
+        extra = [f"`{k}={x}`" for k, x in d["compare_env"].items()] if app == "compare" else []
+        keys = ("sent", "ok", "failed", "lost")
+        totals = {k: sum(c["by_application"][app][k] for c in d["chunks"]) for k in keys}
+        peaks = d["peaks_rps"][app]
+        mean_peak = round(sum(peaks) / len(peaks), 1)
+        part = {**d, "totals": totals, "verdict": v, "peak_rps": mean_peak}
+        out.append((", ".join(env + extra) or "glibc's defaults", part, v))
+    return out
 
 
 def r_soak_h200(ctx: Ctx) -> str:
     body = []
     for rel in SOAK_H200_FILES:
         d = load(ctx.results / rel)
-        v, mem = d["verdict"], d["memory"]
-        reps = v["replicas"]
+        mem = d["memory"]
+        for env, part, v in _soak_parts(d):
+            reps = v["replicas"]
 
-        def slopes(key: str, reps: list[dict[str, Any]] = reps) -> str:
-            return fmt_range((r[f"{key}_slope_bytes_per_min"] * MIB_PER_H for r in reps), 1, "")
+            def slopes(key: str, reps: list[dict[str, Any]] = reps) -> str:
+                rates = (r[f"{key}_slope_bytes_per_min"] * MIB_PER_H for r in reps)
+                return fmt_range(rates, 1, "")
 
-        env = [f"`{kv}`" for kv in d["cli"].get("replica_env") or []]
-        body.append(
-            [
-                *_soak_cells(ctx, rel, d, str(d["code_commit"])[:7]),
-                ", ".join(env) or "glibc's defaults",
-                f"{mem['budget_violations']} in {mem['nvml_samples_judged']:,}",
-                slopes("rss"),
-                slopes("nvml"),
-                slopes("reserved"),
-                "yes" if v["slope_ok"] else f"no (max {v['max_slope_mib_per_h']:g})",
-            ]
-        )
+            body.append(
+                [
+                    *_soak_cells(ctx, rel, part, str(d["code_commit"])[:7]),
+                    env,
+                    f"{mem['budget_violations']} in {mem['nvml_samples_judged']:,}",
+                    slopes("rss"),
+                    slopes("nvml"),
+                    slopes("reserved"),
+                    "yes" if v["slope_ok"] else f"no (max {v['max_slope_mib_per_h']:g})",
+                ]
+            )
     header = ["file", "code", "duration (warm-up)", "req/s offered (peak)", "sent", "lost"]
     header += ["failed", "replica env", "budget violations in NVML samples", "RSS slope (MiB/h)"]
     header += ["NVML slope (MiB/h)", "reserved slope (MiB/h)", "every slope under 5 MiB/h"]
