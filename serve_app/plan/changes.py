@@ -69,10 +69,9 @@ def reasons(
             f"{now['replicas']} replica(s) carry about {capacity:,.1f} req/s (estimated), "
             f"below the stated load of {load:g} req/s"
         )
-    p99_source = model["sources"].get("p99_idle_s", "")
-    if "ASSUMPTION" not in p99_source and cand["p99_idle_s"] > model["p99_target_s"]:
+    if w.p99_seen_s is not None and w.p99_seen_s > model["p99_target_s"]:
         out.append(
-            f"p99 {cand['p99_idle_s'] * 1000:.1f} ms in the window, over the target of "
+            f"p99 {w.p99_seen_s * 1000:.1f} ms in the window, over the target of "
             f"{model['p99_target_s'] * 1000:g} ms"
         )
     if now["on_gpu"] and isinstance(now["budget_bytes"], int) and now["budget_bytes"] > 0:

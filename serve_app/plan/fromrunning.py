@@ -6,6 +6,7 @@ into DIR/measurements.json (serve_app.plan.live), plan from it as ``serve-app pl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -145,8 +146,8 @@ def traffic(
         p99, p99_how = rw.p99_s, rw.p99_note
         if p99 is not None:
             p99_how = (
-                f"p99 of the replicas' ray_serve_app_request_seconds {rw.p99_note}; at the load "
-                "seen, so above the idle p99 the solver takes; HAProxy's time not in it"
+                f"p99 of the replicas' ray_serve_app_request_seconds {rw.p99_note} (HAProxy's "
+                "time not in it)"
             )
     requests = w.items / per_request
     before, after = cpu
@@ -193,7 +194,6 @@ def build_measurements(
     every = [r for reps in reps1.values() for r in reps]
     for name, app in apps.items():
         w = live.app_window(name, reps0.get(name, []), reps1.get(name, []))
-        windows[name] = w
         target = targets.models[name]
         t = traffic(
             name,
@@ -203,6 +203,7 @@ def build_measurements(
             (host.cpu_before, host.cpu_after),
             host.threads,
         )
+        w = windows[name] = dataclasses.replace(w, p99_seen_s=t.p99_s)
         try:
             live.saturation_rps(w, t)  # too little traffic: said before anything else
             if any(r.get("gpu_mode") == "cuda" for r in w.replicas):

@@ -21,8 +21,10 @@ that reported at both ends (each replica's own ``reported_at_s`` times its count
   traffic;
 - requests: the ``request_seconds`` histogram's count of Ray's metrics where given, else the
   batched items over the targets' items per request;
-- p99: that histogram's p99 over the window (the replica's own time, not HAProxy's; at the load
-  seen, so above the idle p99 the solver takes), else an ASSUMPTION: two mean batch times;
+- p99: that histogram's p99 over the window (the replica's own time, not HAProxy's),
+  interpolated within its bucket; it was seen at the load seen, so the idle p99 written is it
+  less the tail the solver adds at that rate (``idle_p99``), at least one mean batch time; else
+  an ASSUMPTION: two mean batch times;
 - CPU per request: the replica processes' CPU seconds where they run on this host (psutil),
   else an ASSUMPTION that the CPU binds no lower than what was seen.
 """
@@ -36,6 +38,7 @@ from typing import Any
 
 from serve_app.plan.measurements import MAX_UTILIZATION
 from serve_app.plan.readings import MemoryFigures, cpu_memory, entry_doc, measurements_doc
+from serve_app.plan.solver import TAIL
 from serve_app.plan.targets import ModelTarget
 
 MIN_BATCHES = 20  # batches in the window below which no rate is estimated
@@ -63,6 +66,7 @@ class AppWindow:
     largest_batch: int
     cap: int  # the largest batch cap in force
     items_by_replica: dict[tuple[Any, Any], int] = field(default_factory=dict)  # paired only
+    p99_seen_s: float | None = None  # the requests' p99 the metrics gave for the window
 
 
 @dataclass(frozen=True)
@@ -236,6 +240,27 @@ def cpu_memory_live(replicas: Sequence[Mapping[str, Any]], rss_bytes: int | None
     )
 
 
+def idle_p99(
+    seen_s: float, rate_rps: float, saturation_rps: float, floor_s: float
+) -> tuple[float, str]:
+    """The idle p99 under which the solver's tail (``p99 = idle + TAIL / (saturation - rate)``)
+    predicts the p99 ``seen_s`` at the per-replica rate seen, at least ``floor_s``; with how."""
+    if rate_rps >= saturation_rps:
+        return seen_s, "the p99 seen, as it is (the rate seen reached the saturation estimate)"
+    tail_s = TAIL / (saturation_rps - rate_rps)
+    at = f"the p99 seen ({seen_s:.4f} s at {rate_rps:.1f} req/s a replica)"
+    if seen_s - tail_s < floor_s:
+        return floor_s, (
+            f"{at} less the solver's tail there ({tail_s:.4f} s) is below one mean batch "
+            f"time, so that ({floor_s:.5f} s)"
+        )
+    return seen_s - tail_s, (
+        f"{at} less the solver's tail there (ln 100 / ({saturation_rps:.1f} - "
+        f"{rate_rps:.1f}) = {tail_s:.4f} s), so that the plan predicts the p99 seen at the "
+        "rate seen"
+    )
+
+
 def live_model_entry(
     w: AppWindow,
     t: Traffic,
@@ -249,15 +274,6 @@ def live_model_entry(
     sat = saturation_rps(w, t)
     on_gpu = any(r.get("gpu_mode") == "cuda" for r in w.replicas)
     mean_batch_s = w.busy_s / w.batches
-    if t.p99_s is not None and t.p99_s > 0:
-        p99, p99_how = t.p99_s, t.p99_how
-    else:
-        p99 = IDLE_BATCHES * mean_batch_s
-        p99_how = (
-            f"ASSUMPTION: no p99 read ({t.p99_how or 'no metrics given'}); two mean batch "
-            f"times ({mean_batch_s:.5f} s each over the window): the batch in progress, then "
-            "its own"
-        )
     gpu_s = w.busy_s / t.requests if on_gpu else 0.0
     if t.cpu_s is not None and t.cpu_requests > 0 and t.cpu_s > 0:
         cpu_s = t.cpu_s / t.cpu_requests
@@ -271,6 +287,18 @@ def live_model_entry(
             "ASSUMPTION: the replica processes are not on this host, so their CPU was not "
             "read; taken as num_cpus over the estimated saturation rate (the CPU binds no "
             "lower than the model thread)"
+        )
+    if t.p99_s is not None and t.p99_s > 0:
+        # The solver caps a replica at its CPU bound too (measurements.to_problem).
+        rate = t.requests / w.seconds if w.seconds > 0 else 0.0
+        p99, turned = idle_p99(t.p99_s, rate, min(sat, num_cpus / cpu_s), mean_batch_s)
+        p99_how = f"{t.p99_how}; {turned}"
+    else:
+        p99 = IDLE_BATCHES * mean_batch_s
+        p99_how = (
+            f"ASSUMPTION: no p99 read ({t.p99_how or 'no metrics given'}); two mean batch "
+            f"times ({mean_batch_s:.5f} s each over the window): the batch in progress, then "
+            "its own"
         )
     mean_batch = w.items / w.batches
     busy_s, by_thread = bound_busy_s(w, t)

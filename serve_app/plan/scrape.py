@@ -65,25 +65,31 @@ def _summed(samples: Sequence[Sample], name: str, app: str, key: str = "") -> di
 @dataclass(frozen=True)
 class RequestWindow:
     requests: float  # requests the histogram counted between the scrapes (0: no refresh)
-    p99_s: float | None  # the upper bound of the bucket the 99th percentile falls in
+    p99_s: float | None  # within the bucket the 99th percentile falls in, interpolated
     p99_note: str  # which requests the p99 is of, and how it was read
 
 
 def _p99(buckets: list[tuple[float, float]], count: float) -> tuple[float | None, str]:
-    """The nearest-rank p99 of cumulative Prometheus buckets, to its bucket's upper bound."""
-    rank = max(1, math.ceil(0.99 * count))
+    """The p99 of cumulative Prometheus buckets, interpolated linearly within the bucket it
+    falls in, as Prometheus' histogram_quantile does (a bucket's upper bound would read a p99
+    of 26 ms as 50 ms)."""
+    rank = 0.99 * count
+    below_le, below = 0.0, 0.0
     for le, cumulative in buckets:
-        if cumulative >= rank:
+        if cumulative >= rank and cumulative > 0:
             if math.isinf(le):
-                top = max((b for b, _ in buckets if not math.isinf(b)), default=math.inf)
-                return top, f"above the largest bucket ({top:g} s)"
-            return le, f"to its bucket's upper bound ({le:g} s)"
+                return below_le, f"above the largest bucket ({below_le:g} s): that bound"
+            inside = cumulative - below
+            frac = (rank - below) / inside if inside > 0 else 1.0
+            p99 = below_le + frac * (le - below_le)
+            return p99, f"interpolated within its bucket ({below_le:g}, {le:g}] s"
+        below_le, below = le, cumulative
     return None, "the buckets do not reach the count (a partial scrape)"
 
 
 def request_window(before: Sequence[Sample], after: Sequence[Sample], app: str) -> RequestWindow:
-    """Application ``app``'s requests between two scrapes and their p99 (nearest rank, to its
-    bucket's upper bound, so never below the true p99 by more than a bucket). Where the first
+    """Application ``app``'s requests between two scrapes and their p99 (interpolated within
+    its bucket, so within a bucket of the true p99). Where the first
     scrape had none of its series or Ray had not refreshed them since, the p99 is that of the
     replicas' requests so far (their cumulative histogram at the second), and says so."""
     c0 = _summed(before, f"{REQUEST_SECONDS}_count", app)

@@ -3,6 +3,7 @@ on the reads of a real server (tests/unit/plan/test_live.py's fixtures)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,7 @@ def test_a_load_above_what_runs_carries_is_a_missed_target() -> None:
     t = live.Traffic(requests=4848, how="counted", p99_s=0.2, p99_how="the metrics' p99")
     target = ModelTarget(p99_target_s=0.1, load_rps=5000)
     model = live.live_model_entry(w, t, live.gpu_memory_live([r]), target, 1.0, PROV)
+    w = dataclasses.replace(w, p99_seen_s=t.p99_s)  # as fromrunning keeps it
     now = changes.now_of(w)
     planned = {"predicted_throughput_rps": 5000.0, "predicted_p99_s": 0.09}
     plan = {"gpus": [{"per_model": {"embeddings": {"replicas": 5}}, "binds": ["cores"]}]}

@@ -18,6 +18,7 @@ from serve_app.plan.fromrunning import build_measurements
 from serve_app.plan.hostprocs import HostFacts, Threads, thread_seconds
 from serve_app.plan.measurements import Measurements, budget_bytes
 from serve_app.plan.scrape import decisions, mean_items, parse, request_window
+from serve_app.plan.solver import TAIL
 from serve_app.plan.targets import ModelTarget, Targets
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -99,7 +100,11 @@ def test_a_gpu_entry_estimates_saturation_from_the_busy_fraction() -> None:
     (cand,) = e["candidates"]
     # 4,848 requests over 4.277 busy seconds: what the replica would carry busy all the time.
     assert cand["throughput_rps"] == pytest.approx(4848 / 4.276875)
-    assert cand["batch_size"] == 256 and cand["p99_idle_s"] == 0.1
+    # The p99 seen at the rate seen, less the solver's tail there: the plan predicts 0.1 s.
+    rate = 4848 / w.seconds
+    tail_s = TAIL / (cand["throughput_rps"] - rate)
+    assert cand["batch_size"] == 256 and cand["p99_idle_s"] == pytest.approx(0.1 - tail_s)
+    assert "less the solver's tail" in e["sources"]["p99_idle_s"]
     assert cand["gpu_s_per_request"] == pytest.approx(4.276875 / 4848)
     # Not read on this host: the CPU figure is an assumption that binds no lower.
     assert "ASSUMPTION" in e["sources"]["cpu_s_per_request"]
@@ -248,7 +253,7 @@ def test_a_cpu_window_of_a_real_server_becomes_measurements() -> None:
     (cand,) = spec.candidates
     assert cand.batch_size == rep["max_batch_size"] and cand.gpu_s_per_request == 0
     assert cand.throughput_rps == pytest.approx(requests / w.busy_s)
-    assert cand.p99_idle_s == rw.p99_s
+    assert rw.p99_s is not None and cand.p99_idle_s <= rw.p99_s  # less the tail at the rate seen
     assert spec.cpu_s_per_request == pytest.approx(2.5 / requests)
     assert "4.00 items a request" in spec.sources["throughput_rps"]
     assert spec.weights_bytes == 300 << 20 and spec.context_bytes == 0
@@ -276,7 +281,7 @@ def test_the_same_read_twice_has_no_traffic_to_estimate_from() -> None:
         )
 
 
-def test_metrics_p99_is_its_buckets_upper_bound() -> None:
+def test_metrics_p99_is_interpolated_within_its_bucket() -> None:
     def expo(counts: dict[str, int], total: int, items: int = 0) -> str:
         lines = ["# TYPE ray_serve_app_request_seconds_bucket gauge"]
         for le, n in counts.items():
@@ -296,17 +301,26 @@ def test_metrics_p99_is_its_buckets_upper_bound() -> None:
     before = parse(expo({"0.01": 10, "0.1": 10, "+Inf": 10}, 10))
     after = parse(expo({"0.01": 100, "0.1": 109, "+Inf": 110}, 110, items=440))
     rw = request_window(before, after, "a")
-    # 100 requests between the scrapes, 90 under 10 ms, 99 under 100 ms: the 99th in (0.01, 0.1].
-    assert rw.requests == 100 and rw.p99_s == 0.1 and "between the scrapes" in rw.p99_note
+    # 100 requests between the scrapes, 90 under 10 ms, 99 under 100 ms: the 99th is the 9th
+    # of the 9 in (0.01, 0.1], so at its top, as histogram_quantile reads it.
+    assert rw.requests == 100 and rw.p99_s == pytest.approx(0.1)
+    assert "between the scrapes" in rw.p99_note and "interpolated" in rw.p99_note
     slow = parse(expo({"0.01": 100, "0.1": 100, "+Inf": 110}, 110))
     assert request_window(before, slow, "a").p99_s == 0.1  # past the last bound: said
     assert "above the largest bucket" in request_window(before, slow, "a").p99_note
     # Ray's endpoint not refreshed in the window, or without the series at first: the p99 of
-    # the requests so far, said.
+    # the requests so far (110: rank 108.9, the 8.9th of the 9 in the bucket), said.
     stale = request_window(after, after, "a")
-    assert stale.p99_s == 0.1 and "had not refreshed" in stale.p99_note
+    assert (
+        stale.p99_s == pytest.approx(0.01 + 0.09 * 8.9 / 9)
+        and "had not refreshed" in stale.p99_note
+    )
     fresh = request_window([], after, "a")
-    assert fresh.p99_s == 0.1 and "had none at the first scrape" in fresh.p99_note
+    assert fresh.p99_s == stale.p99_s and "had none at the first scrape" in fresh.p99_note
+    # 200 requests, 150 under 0.1 s, all under 1 s: rank 198 is the 48th of the 50 in (0.1, 1].
+    zero = parse(expo({"0.01": 10, "0.1": 10, "1": 10, "+Inf": 10}, 10))
+    mid = parse(expo({"0.01": 10, "0.1": 160, "1": 210, "+Inf": 210}, 210))
+    assert request_window(zero, mid, "a").p99_s == pytest.approx(0.1 + 0.9 * 48 / 50)
     assert request_window([], [], "a").p99_s is None
     assert mean_items(after, "a") == 4.0 and mean_items(before, "a") is None
     assert decisions(after, "a") == {"up/scale_up": 2.0}
