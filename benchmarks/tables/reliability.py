@@ -198,13 +198,14 @@ SOAK_H200_FILES = (
 
 def _soak_parts(d: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], Mapping[str, Any]]]:
     """(replica env, the soak doc as one row would read it, verdict) per row: one for a plain
-    soak, one per application for a --compare-env A/B (its totals, peak and verdict)."""
+    soak, one per application for a soak with variants (its totals, peak and verdict)."""
     env = [f"`{kv}`" for kv in d["cli"].get("replica_env") or []]
-    if not d.get("compare_env"):
+    variants = d.get("variants") or ({"compare": d["compare_env"]} if d.get("compare_env") else {})
+    if not variants:
         return [(", ".join(env) or "glibc's defaults", d, d["verdict"])]
     out = []
     for app, v in d["verdict_by_application"].items():
-        extra = [f"`{k}={x}`" for k, x in d["compare_env"].items()] if app == "compare" else []
+        extra = [f"`{k}={x}`" for k, x in variants.get(app, {}).items()]
         keys = ("sent", "ok", "failed", "lost")
         totals = {k: sum(c["by_application"][app][k] for c in d["chunks"]) for k in keys}
         peaks = d["peaks_rps"][app]

@@ -31,6 +31,9 @@ Ctrl-C or SIGTERM.
 between them. Each one's peak is measured alone (the other idle), twice, alternating; both are
 then offered ``--load-fraction`` of the lower mean peak at once, and the JSON gives
 ``peaks_rps``, each chunk ``by_application`` and ``verdict_by_application`` beside the whole.
+Each ``--variant KEY=VALUE[,KEY=VALUE]`` adds one more such application (``variant1``, ...),
+so that several settings share one run; ``--replica-num-gpus`` (0.25) fits more replicas on a
+GPU (6 at 0.16: 2 each of three settings).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +75,8 @@ from load_tests.reliability.slope import (
 
 NVML_INTERVAL_S = 0.5
 COMPARE_APP = "compare"  # --compare-env's application, beside the suite's APP
-PEAK_ROUNDS = 2  # --compare-env: each application's peak alone, alternating, this many times
+VARIANT_APP = "variant"  # --variant's applications: variant1, variant2, ...
+PEAK_ROUNDS = 2  # with variants: each application's peak alone, alternating, this many times
 MB = 1_000_000
 HOUR_S = 3600.0
 SLOPE_WARMUP_S = 600.0  # --mode slope: Ray's and the replica's start-up growth is over by then
@@ -325,17 +330,26 @@ def compare_env(a: argparse.Namespace) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in a.compare_env)
 
 
-def split_replicas(replicas: int, compare: bool) -> dict[str, int]:
-    """Replicas per application: all in APP, or with --compare-env half each (APP the smaller
-    half when odd)."""
-    if not compare:
-        return {APP: replicas}
-    return {APP: replicas // 2, COMPARE_APP: replicas - replicas // 2}
+def variants(a: argparse.Namespace) -> dict[str, dict[str, str]]:
+    """The applications beside APP and the env vars only their replicas get: COMPARE_APP for
+    --compare-env, then variant1, variant2, ... for each --variant."""
+    out = {COMPARE_APP: compare_env(a)} if a.compare_env else {}
+    for i, spec in enumerate(a.variant, 1):
+        out[f"{VARIANT_APP}{i}"] = dict(kv.split("=", 1) for kv in spec.split(","))
+    return out
+
+
+def split_replicas(replicas: int, others: Sequence[str] = ()) -> dict[str, int]:
+    """Replicas per application: all in APP, or shared as evenly as they go between APP and
+    ``others`` (APP first to get fewer when they do not divide)."""
+    names = [APP, *others]
+    each, extra = divmod(replicas, len(names))
+    return {n: each + (1 if i >= len(names) - extra else 0) for i, n in enumerate(names)}
 
 
 def lowest_peak(peaks: dict[str, list[float]]) -> float:
-    """The lowest of the applications' mean peaks: with --compare-env both are offered the
-    same fraction of it, so that they carry the same load."""
+    """The lowest of the applications' mean peaks: with variants every one is offered the same
+    fraction of it, so that they all carry the same load."""
     return min(sum(v) / len(v) for v in peaks.values())
 
 
@@ -447,6 +461,13 @@ def parser() -> argparse.ArgumentParser:
     )
     env_help = "an env var for the replicas (e.g. MALLOC_ARENA_MAX=2); repeatable"
     p.add_argument("--replica-env", action="append", default=[], type=_key_value, help=env_help)
+    variant_help = (
+        "like --compare-env, one more application per use, whose replicas get these env vars "
+        "(KEY=VALUE[,KEY=VALUE...]): variant1, variant2, ..."
+    )
+    p.add_argument("--variant", action="append", default=[], type=_key_values, help=variant_help)
+    gpus_help = "each replica's num_gpus (default 0.25): lower it to fit more replicas on a GPU"
+    p.add_argument("--replica-num-gpus", type=float, default=None, help=gpus_help)
     compare_help = (
         "A/B in one run: a second application whose replicas also get this env var "
         "(repeatable); --replicas is split between the two, each one's peak is measured alone "
@@ -455,6 +476,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--compare-env", action="append", default=[], type=_key_value, help=compare_help)
     return p
+
+
+def _key_values(text: str) -> str:
+    for kv in text.split(","):
+        _key_value(kv)
+    return text
 
 
 def _key_value(text: str) -> str:
@@ -468,10 +495,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a = parser().parse_args(argv)
     if a.encoder_layers is not None and a.encoder_layers < 0:
         parser().error(f"--encoder-layers {a.encoder_layers} must be >= 0")
-    if a.compare_env and a.replicas < 2:
+    if a.replicas < 1 + len(variants(a)):
         parser().error(
-            f"--compare-env needs --replicas >= 2 (one per application), not {a.replicas}"
+            f"--replicas {a.replicas}: at least one per application ({1 + len(variants(a))})"
         )
+    if a.replica_num_gpus is not None and not 0 < a.replica_num_gpus <= 1:
+        parser().error(f"--replica-num-gpus {a.replica_num_gpus} must be in (0, 1]")
+    if a.replica_num_gpus is not None and a.device == "cpu":
+        parser().error("--replica-num-gpus is for --device cuda (CPU replicas take no GPU)")
     if a.duration_s is None:
         a.duration_s = HOUR_S if a.mode == "slope" else 1800.0
     if a.warmup_s is None:
@@ -494,8 +525,9 @@ def main(argv: list[str] | None = None) -> int:
         "cores": os.cpu_count(),
         "cli": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
         "replicas": a.replicas,
-        "replicas_by_application": split_replicas(a.replicas, bool(a.compare_env)),
+        "replicas_by_application": split_replicas(a.replicas, list(variants(a))),
         "compare_env": compare_env(a),
+        "variants": variants(a),
         "args": soak_args(a),
         "actor_options": actor_options(a.device),
         "load": {
@@ -516,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         totals = {k: sum(c[k] for c in chunks) for k in ("sent", "ok", "failed", "lost")}
         pids = sampler.replica_ids if sampler else {}
         judge = (warmup_s, a.flat_bytes, a.slope_target_mib_per_h)
-        apps = by_application(rows) if a.compare_env else {}
+        apps = by_application(rows) if variants(a) else {}
         return {
             **meta,
             "complete": complete,
@@ -538,15 +570,16 @@ def main(argv: list[str] | None = None) -> int:
         # vars and the model depth this soak was given.
         opts = actor_options(a.device)
         opts["runtime_env"]["env_vars"].update(extra_env(a))
+        if a.replica_num_gpus is not None:
+            opts["num_gpus"] = a.replica_num_gpus
         n_cpus = max(8, a.replicas * 2)
         counts = meta["replicas_by_application"]
         target = start_cluster(counts[APP], meta["args"], opts, gpus, n_cpus, 240.0)
         targets = {APP: target}
-        if a.compare_env:  # the same app beside it, its replicas with the env vars added
-            env = {**opts["runtime_env"]["env_vars"], **compare_env(a)}
+        for name, more in variants(a).items():  # the same app beside it, with env vars added
+            env = {**opts["runtime_env"]["env_vars"], **more}
             opts_b = {**opts, "runtime_env": {**opts["runtime_env"], "env_vars": env}}
-            n_b = counts[COMPARE_APP]
-            targets[COMPARE_APP] = add_app(target, COMPARE_APP, n_b, meta["args"], opts_b, 240.0)
+            targets[name] = add_app(target, name, counts[name], meta["args"], opts_b, 240.0)
         meta["startup_s"] = round(time.monotonic() - t0, 1)
         meta["reliability_env"] = reliability_env()
         memory_url = f"{target.base}/v1/memory"
@@ -559,12 +592,12 @@ def main(argv: list[str] | None = None) -> int:
         peak = lowest_peak(peaks)
         rate = max(1.0, a.load_fraction * peak)
         meta.update({"peak_rps": round(peak, 1), "rate_rps": round(rate, 1)})
-        if a.compare_env:
+        if len(targets) > 1:
             meta["peaks_rps"] = peaks
-        each = " each" if a.compare_env else ""
+        each = " each" if len(targets) > 1 else ""
         print(
             f"deployed in {meta['startup_s']} s; peak {peak:.1f} req/s, soak at {rate:.1f}{each}"
-            + (f" (peaks alone: {peaks})" if a.compare_env else ""),
+            + (f" (peaks alone: {peaks})" if len(targets) > 1 else ""),
             flush=True,
         )
         sampler = Sampler(memory_url, a.sample_s, watch, smaps_after_s=warmup_s).start()
@@ -576,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(max(0.0, chunk_s - wall_s))
             outcomes = [o for part in by_app.values() for o in part]
             chunks.append(chunk_stats(outcomes, start_s, chunk_s, wall_s))
-            if a.compare_env:
+            if len(targets) > 1:
                 chunks[-1]["by_application"] = {
                     k: chunk_stats(v, start_s, chunk_s, wall_s) for k, v in by_app.items()
                 }
@@ -610,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"budget violations: {violations} in {m['nvml_samples_judged']} NVML samples")
     print_verdict(v)
     for name, app_v in doc()["verdict_by_application"].items():
-        env = compare_env(a) if name == COMPARE_APP else "its env as given"
+        env = variants(a).get(name, "its env as given")
         print(f"application {name} ({env}):")
         print_verdict(app_v)
     print(f"wrote {a.out} in {round(time.monotonic() - t0, 1)} s")

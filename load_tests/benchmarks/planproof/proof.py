@@ -203,7 +203,7 @@ STAGES = ("request", "decode", "queue", "inference", "encode")  # docs/metrics.m
 
 
 def stage_times(before: str, after: str, apps: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Per application, each stage's mean and p99 (to its bucket's upper bound) between two
+    """Per application, each stage's mean and p99 (interpolated within its bucket) between two
     scrapes of Ray's metrics (``ray_serve_app_<stage>_seconds``, summed over replicas), and
     the count each is of; a stage with no new observations is left out. ``inference`` is per
     batch, the others per request."""

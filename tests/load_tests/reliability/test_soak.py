@@ -110,11 +110,30 @@ def test_compare_env_splits_the_replicas_and_keeps_its_env_apart(capsys) -> None
     a = soak.parse_args(["--replicas", "5", "--compare-env", "MALLOC_ARENA_MAX=2"])
     assert soak.compare_env(a) == {"MALLOC_ARENA_MAX": "2"}
     assert soak.extra_env(a) == {}  # the first application's replicas do not get it
-    assert soak.split_replicas(5, True) == {soak.APP: 2, soak.COMPARE_APP: 3}
-    assert soak.split_replicas(4, False) == {soak.APP: 4}
+    assert soak.variants(a) == {soak.COMPARE_APP: {"MALLOC_ARENA_MAX": "2"}}
+    assert soak.split_replicas(5, [soak.COMPARE_APP]) == {soak.APP: 2, soak.COMPARE_APP: 3}
+    assert soak.split_replicas(4) == {soak.APP: 4}
     with pytest.raises(SystemExit):
         soak.parse_args(["--replicas", "1", "--compare-env", "MALLOC_ARENA_MAX=2"])
-    assert "--replicas >= 2" in capsys.readouterr().err
+    assert "at least one per application (2)" in capsys.readouterr().err
+
+
+def test_each_variant_is_one_more_application_with_its_own_env(capsys) -> None:
+    argv = ["--replicas", "6", "--replica-num-gpus", "0.16", "--compare-env", "MALLOC_ARENA_MAX=2"]
+    a = soak.parse_args([*argv, "--variant", "MALLOC_ARENA_MAX=4,X=a=b", "--variant", "Y=1"])
+    assert soak.variants(a) == {
+        soak.COMPARE_APP: {"MALLOC_ARENA_MAX": "2"},
+        "variant1": {"MALLOC_ARENA_MAX": "4", "X": "a=b"},
+        "variant2": {"Y": "1"},
+    }
+    assert a.replica_num_gpus == 0.16
+    counts = soak.split_replicas(7, ["compare", "variant1", "variant2"])
+    assert counts == {soak.APP: 1, "compare": 2, "variant1": 2, "variant2": 2}
+    cpu = ["--device", "cpu", "--replica-num-gpus", "0.5"]
+    for bad in (["--variant", "MALLOC_ARENA_MAX=4,X"], ["--replica-num-gpus", "0"], cpu):
+        with pytest.raises(SystemExit):
+            soak.parse_args(bad)
+    assert "expected KEY=VALUE" in capsys.readouterr().err
 
 
 def test_both_applications_are_offered_a_share_of_the_lower_mean_peak() -> None:
