@@ -79,18 +79,33 @@ def start_cluster(
     import ray
     from ray import serve
 
-    from serve_app.serving.replica import ModelServer
-
     serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
-    app = ModelServer.options(  # type: ignore[attr-defined]
-        num_replicas=replicas, ray_actor_options=actor_options or {"num_cpus": 0.5}
-    ).bind(app_args.model_dump())
-    serve.run(app, name=APP, route_prefix=f"/{APP}")
     node_id = ray.get_runtime_context().get_node_id()
-    target = Target(f"http://127.0.0.1:{port}/{APP}", node_id, replicas)
+    target = _deploy(f"http://127.0.0.1:{port}", node_id, APP, replicas, app_args, actor_options)
     launch.wait_ready(target.base, timeout_s)
     wait_whole(target, timeout_s=timeout_s)
     return target
+
+
+def _deploy(
+    root: str,
+    node_id: str,
+    name: str,
+    replicas: int,
+    app_args: Any,
+    actor_options: dict[str, Any] | None,
+) -> Target:
+    """``replicas`` of serve_app's replica with ``app_args`` (config.args.AppArgs) as Serve
+    application ``name`` at route prefix /NAME on the running Serve; its Target, not waited on."""
+    from ray import serve
+
+    from serve_app.serving.replica import ModelServer
+
+    app = ModelServer.options(  # type: ignore[attr-defined]
+        num_replicas=replicas, ray_actor_options=actor_options or {"num_cpus": 0.5}
+    ).bind(app_args.model_dump())
+    serve.run(app, name=name, route_prefix=f"/{name}")
+    return Target(f"{root}/{name}", node_id, replicas, app=name)
 
 
 def add_app(
@@ -103,18 +118,11 @@ def add_app(
 ) -> Target:
     """A second application ``name`` (route prefix /NAME) on ``beside``'s running cluster, with
     its own args and actor options; returns once its ``replicas`` are UP in HAProxy."""
-    from ray import serve
-
     from serve_app.config.args import parse_args
     from serve_app.ops import launch
-    from serve_app.serving.replica import ModelServer
 
-    app = ModelServer.options(  # type: ignore[attr-defined]
-        num_replicas=replicas, ray_actor_options=actor_options
-    ).bind(parse_args(args).model_dump())
-    serve.run(app, name=name, route_prefix=f"/{name}")
-    base = beside.base.rsplit("/", 1)[0]
-    target = Target(f"{base}/{name}", beside.node_id, replicas, app=name)
+    root = beside.base.rsplit("/", 1)[0]
+    target = _deploy(root, beside.node_id, name, replicas, parse_args(args), actor_options)
     launch.wait_ready(target.base, timeout_s)
     if wait_whole(target, timeout_s=timeout_s) is None:
         raise RuntimeError(f"{name}: {replicas} replicas not all UP in HAProxy in {timeout_s} s")

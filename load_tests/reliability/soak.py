@@ -205,7 +205,7 @@ class Sampler:
                 continue
             self.replica_ids[pid] = str(rep.get("replica_id"))
             row = {"t_s": t_s, "pid": pid, "rss_bytes": rss, "nvml_bytes": nvml.get(pid)}
-            row["application"] = rep.get("application")
+            row["application"] = rep.get("application")  # with variants, judged per application
             self.rows.append({**row, "reserved_bytes": rep.get("reserved_bytes"), **rss_parts(pid)})
             self._smaps(pid, t_s)
 
@@ -495,10 +495,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a = parser().parse_args(argv)
     if a.encoder_layers is not None and a.encoder_layers < 0:
         parser().error(f"--encoder-layers {a.encoder_layers} must be >= 0")
-    if a.replicas < 1 + len(variants(a)):
-        parser().error(
-            f"--replicas {a.replicas}: at least one per application ({1 + len(variants(a))})"
-        )
+    if a.replicas < (apps := 1 + len(variants(a))):
+        parser().error(f"--replicas {a.replicas}: at least one per application ({apps})")
     if a.replica_num_gpus is not None and not 0 < a.replica_num_gpus <= 1:
         parser().error(f"--replica-num-gpus {a.replica_num_gpus} must be in (0, 1]")
     if a.replica_num_gpus is not None and a.device == "cpu":
@@ -513,6 +511,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     warmup_s = a.warmup_s
+    others = variants(a)  # the applications beside APP, and their replicas' extra env vars
     from serve_app.ops import launch
 
     gpus = launch.gpu_count() if a.device == "cuda" else 0
@@ -525,9 +524,9 @@ def main(argv: list[str] | None = None) -> int:
         "cores": os.cpu_count(),
         "cli": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
         "replicas": a.replicas,
-        "replicas_by_application": split_replicas(a.replicas, list(variants(a))),
+        "replicas_by_application": split_replicas(a.replicas, list(others)),
         "compare_env": compare_env(a),
-        "variants": variants(a),
+        "variants": others,
         "args": soak_args(a),
         "actor_options": actor_options(a.device),
         "load": {
@@ -548,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         totals = {k: sum(c[k] for c in chunks) for k in ("sent", "ok", "failed", "lost")}
         pids = sampler.replica_ids if sampler else {}
         judge = (warmup_s, a.flat_bytes, a.slope_target_mib_per_h)
-        apps = by_application(rows) if variants(a) else {}
+        apps = by_application(rows) if others else {}
         return {
             **meta,
             "complete": complete,
@@ -576,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
         counts = meta["replicas_by_application"]
         target = start_cluster(counts[APP], meta["args"], opts, gpus, n_cpus, 240.0)
         targets = {APP: target}
-        for name, more in variants(a).items():  # the same app beside it, with env vars added
+        for name, more in others.items():  # the same app beside it, with env vars added
             env = {**opts["runtime_env"]["env_vars"], **more}
             opts_b = {**opts, "runtime_env": {**opts["runtime_env"], "env_vars": env}}
             targets[name] = add_app(target, name, counts[name], meta["args"], opts_b, 240.0)
@@ -643,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"budget violations: {violations} in {m['nvml_samples_judged']} NVML samples")
     print_verdict(v)
     for name, app_v in doc()["verdict_by_application"].items():
-        env = variants(a).get(name, "its env as given")
+        env = others.get(name, "its env as given")
         print(f"application {name} ({env}):")
         print_verdict(app_v)
     print(f"wrote {a.out} in {round(time.monotonic() - t0, 1)} s")
