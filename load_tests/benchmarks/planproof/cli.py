@@ -23,6 +23,7 @@ from load_tests.benchmarks.planproof.proof import (
     model_row,
     naive_config,
     stage_times,
+    tail_by_second,
     targets_from_measurements,
     verdict,
 )
@@ -172,6 +173,14 @@ def client_cores_for(rates: Mapping[str, float], cores: Sequence[int]) -> dict[s
         out[name] = [cores[(k + i) % len(cores)] for i in range(n)]
         k += n
     return out
+
+
+def spare_cores(client: Sequence[int], taken: Mapping[str, Sequence[int]]) -> list[int]:
+    """The cores this process works on while the loads run (its NVML watch, the re-plan, the
+    scrapes), off the server's: the client's cores no open loop is pinned to, else all of the
+    client's."""
+    used = {c for cores in taken.values() for c in cores}
+    return [c for c in client if c not in used] or list(client)
 
 
 def plan_config(cfg: Mapping[str, Any], out: Path, port: int) -> tuple[Path, list[str]]:
@@ -377,6 +386,7 @@ def load_phase(
     watch = BudgetWatch(f"{base}/v1/memory", interval_s=0.1).start()
     summaries: dict[str, dict[str, Any]] = {}
     goodput: dict[str, float | None] = {}
+    tails: dict[str, dict[str, list[Any]]] = {}
     try:
         for f in fams:
             m, r = plan_models[f.application], reqs[f.application]
@@ -406,12 +416,14 @@ def load_phase(
             pool = pools[f.application]
             try:
                 summaries[f.application] = pool.collect()
-                goodput[f.application] = goodput_per_s(
+                window = (
                     pool.last_arrays,
                     float(plan_models[f.application]["p99_target_s"]),
                     cfg["warmup_s"],
                     summaries[f.application]["duration_s"],
                 )
+                goodput[f.application] = goodput_per_s(*window)
+                tails[f.application] = tail_by_second(*window)
             except Exception as exc:  # noqa: BLE001 - the row says so; the others stand
                 summaries[f.application] = {"error": f"{type(exc).__name__}: {exc}"[:1000]}
                 goodput[f.application] = None
@@ -448,12 +460,16 @@ def load_phase(
         for f in fams
     ]
     for row in rows:
+        tail = tails.get(row["application"])
+        if tail is not None:
+            row["tail_by_second"] = tail
         log(
             f"planproof: {name}: {row['application']}: offered {row['offered_rps'] or 0:.1f}, "
             f"answered {row['answered_rps'] or 0:.1f} req/s (predicted "
             f"{row['predicted_rps']:.1f}), p99 {row['p99_ms'] or 0:.1f} ms (target "
             f"{row['p99_target_ms']:g}), errors {row['errors']}, goodput "
             f"{row['goodput_rps'] or 0:.1f}/s"
+            + (f"; over target by second {tail['over_target']}" if tail else "")
         )
     return {
         "base_url": base,
@@ -570,16 +586,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             work = out / "work" / name
             work.mkdir(parents=True, exist_ok=True)
             pools[name] = OpenLoopPool(its, None, work)
+        driver = spare_cores(cfg["client_cores"], cores)
+        result["client"]["driver_cores"] = driver
         write_json(path, result)
-        if cfg["server_cores"]:  # Ray, started below, and every replica inherit it
-            os.sched_setaffinity(0, cfg["server_cores"])
         phases: dict[str, Any] = {}
         for phase, doc in (("plan", planned), ("naive", naive)):
             if phase not in cfg["phases"]:
                 continue
             log(f"planproof: deploying the {phase} config")
             t0 = time.time()
+            if cfg["server_cores"]:  # Ray, started here, and every replica inherit it
+                os.sched_setaffinity(0, cfg["server_cores"])
             base = deploy_phase(phase, doc, phase == "plan", cfg)
+            if cfg["server_cores"] and driver:  # the watch, the re-plan: the client's side
+                os.sched_setaffinity(0, driver)
             deploy_s = round(time.time() - t0, 1)
             log(f"planproof: {phase}: serving at {base} after {deploy_s} s")
             phases[phase] = {

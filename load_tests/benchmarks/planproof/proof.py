@@ -14,6 +14,7 @@ hand-written config of fractions.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -112,6 +113,34 @@ def goodput_per_s(
     ok = (status >= 200) & (status < 300)
     within = np.nan_to_num(latency, nan=np.inf) <= target_s
     return float((measured & ok & within).sum()) / duration_s
+
+
+def tail_by_second(
+    arrays: Sequence[np.ndarray], target_s: float, warmup_s: float, duration_s: float
+) -> dict[str, list[Any]]:
+    """Whether a p99 miss is a burst or spread: for each second of the measured window (by
+    scheduled time), the p99 in ms of the requests answered 2xx (None for a second without
+    one), how many of those missed ``target_s``, and how many failed or got no answer."""
+    seconds = max(0, math.ceil(duration_s))
+    out: dict[str, list[Any]] = {
+        "p99_ms": [None] * seconds,
+        "over_target": [0] * seconds,
+        "errors": [0] * seconds,
+    }
+    if not arrays or not seconds:
+        return out
+    rec = np.concatenate([np.asarray(a, dtype=np.float64) for a in arrays], axis=1)
+    times, latency, status = rec[0], rec[1], rec[3]
+    ok = (status >= 200) & (status < 300) & np.isfinite(latency)
+    index = np.floor(times - warmup_s).astype(np.int64)
+    for k in range(seconds):
+        here = index == k
+        answered = latency[here & ok]
+        out["errors"][k] = int((here & ~ok).sum())
+        if answered.size:
+            out["p99_ms"][k] = round(float(np.quantile(answered, 0.99, method="higher")) * 1e3, 1)
+            out["over_target"][k] = int((answered > target_s).sum())
+    return out
 
 
 def model_row(

@@ -18,6 +18,7 @@ from load_tests.benchmarks.planproof.cli import (
     plan_config,
     server_measurements,
     settings,
+    spare_cores,
 )
 from load_tests.benchmarks.planproof.proof import naive_config
 from serve_app.config.deploy import check_deploy_config
@@ -43,6 +44,12 @@ def test_client_processes_by_rate_dealt_over_the_cores() -> None:
         "classify-text": [13],
     }
     assert client_cores_for({"a": 5.0, "b": 3.0}, [0, 1]) == {"a": [0], "b": [1]}
+
+
+def test_the_driver_works_on_the_cores_no_open_loop_holds() -> None:
+    taken = {"embeddings": [10], "rerank": [11], "classify-images": [12, 13]}
+    assert spare_cores([10, 11, 12, 13, 14, 15], taken) == [14, 15]
+    assert spare_cores([10, 11], taken) == [10, 11]  # none spare: all of the client's
 
 
 def test_the_quick_plan_and_its_naive_config_pass_the_check(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from load_tests.benchmarks.planproof.proof import (
     naive_config,
     naive_counts,
     stage_times,
+    tail_by_second,
     targets_from_measurements,
     verdict,
 )
@@ -104,6 +105,19 @@ def test_goodput_counts_answers_within_the_target_in_the_window() -> None:
     assert goodput_per_s([first, second], 0.2, warmup_s=1.0, duration_s=2.0) == 1.0
     assert goodput_per_s([first, second], 1.0, warmup_s=1.0, duration_s=2.0) == 1.5
     assert goodput_per_s([], 1.0, warmup_s=1.0, duration_s=2.0) == 0.0
+
+
+def test_the_tail_by_second_shows_when_the_slow_answers_came() -> None:
+    first = _records([
+        (0.5, 9.00, 200),  # in the warm-up: not counted
+        (1.1, 0.05, 200), (1.2, 0.30, 200),  # second 0: one over the 0.2 s target
+        (2.5, 0.01, 503), (2.6, np.nan, 0),  # second 1: two failed, none answered
+    ])  # fmt: skip
+    second = _records([(3.9, 0.10, 200), (4.0, 0.40, 200)])  # second 2; after the window
+    tail = tail_by_second([first, second], 0.2, warmup_s=1.0, duration_s=3.0)
+    assert tail == {"p99_ms": [300.0, None, 100.0], "over_target": [1, 0, 0], "errors": [0, 2, 0]}
+    empty = tail_by_second([], 0.2, warmup_s=1.0, duration_s=2.0)
+    assert empty == {"p99_ms": [None, None], "over_target": [0, 0], "errors": [0, 0]}
 
 
 def _summary(answered: float, p99_ms: float, keeps_up: bool = True) -> dict[str, Any]:
