@@ -296,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
         help="--from-running: Ray's metrics endpoint (items a request, p99)",
     )
     plan.add_argument(
-        "--cores-per-gpu", type=float, help="--from-running: default this host's, when local"
+        "--cores-per-gpu",
+        type=float,
+        help="--from-running: default the cores the local replicas may run on, over the GPUs",
     )
     status = sub.add_parser("status", help="per-replica memory table of a running app")
     status.add_argument("--url", default="http://127.0.0.1:8000")

@@ -1,7 +1,8 @@
 """What this host reads of a running server's replica processes (those that run on it), for
 ``serve-app plan --from-running`` and the planner's proof: each process's CPU seconds and
-resident bytes, each of its threads' CPU seconds (psutil), and this host's memory and cores.
-A replica saturates when its busiest thread does (serve_app.plan.live.bound_busy_s)."""
+resident bytes, each of its threads' CPU seconds (psutil), this host's memory, and the cores
+the replicas may run on. A replica saturates when its busiest thread does
+(serve_app.plan.live.bound_busy_s)."""
 
 from __future__ import annotations
 
@@ -100,6 +101,23 @@ class Threads:
         return sum(fractions) / len(fractions), thread_name(top[1], top[2])
 
 
+def server_cores(procs: Any) -> set[int]:
+    """The cores the replicas' processes on this host may run on (the union of their CPU
+    affinities), not this process's own, which may be pinned apart from the server; this
+    process's where no replica's affinity can be read."""
+    import psutil
+
+    cores: set[int] = set()
+    for proc in procs:
+        if proc is None:
+            continue
+        try:
+            cores.update(proc.cpu_affinity())
+        except psutil.Error:
+            continue
+    return cores or set(os.sched_getaffinity(0))
+
+
 @dataclass(frozen=True)
 class HostFacts:
     """What this host read of the replicas' processes (those that run on it) and of itself."""
@@ -133,6 +151,6 @@ def host_facts(
         rss_bytes={k: int(p.memory_info().rss) for k, p in procs.items() if p is not None},
         all_local=all(p is not None for p in procs.values()),
         memory_bytes=int(psutil.virtual_memory().total),
-        cores=float(len(os.sched_getaffinity(0))),
+        cores=float(len(server_cores(procs.values()))),
         threads=Threads(threads_before or {}, threads_after, window_s),
     )

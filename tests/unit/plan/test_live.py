@@ -15,7 +15,7 @@ from serve_app.errors import ConfigError
 from serve_app.gpu.budget import GRAPH_MIN_ROOM_BYTES
 from serve_app.plan import live
 from serve_app.plan.fromrunning import build_measurements
-from serve_app.plan.hostprocs import HostFacts, Threads, thread_seconds
+from serve_app.plan.hostprocs import HostFacts, Threads, server_cores, thread_seconds
 from serve_app.plan.measurements import Measurements, budget_bytes
 from serve_app.plan.scrape import decisions, mean_items, parse, request_window
 from serve_app.plan.solver import TAIL
@@ -210,6 +210,25 @@ def test_thread_seconds_reads_this_process_threads() -> None:
     fraction, _ = window.busiest([key]) or (0.0, "")
     burned = after[key][worker.native_id] - before[key][worker.native_id]
     assert burned > 0.05 and fraction >= burned / window.window_s - 1e-9
+
+
+def test_the_servers_cores_are_its_replicas_affinity_not_this_process() -> None:
+    import os
+
+    import psutil
+
+    class Pinned:
+        def __init__(self, cores: list[int] | None) -> None:
+            self.cores = cores
+
+        def cpu_affinity(self) -> list[int]:
+            if self.cores is None:
+                raise psutil.AccessDenied(1)
+            return self.cores
+
+    assert server_cores([Pinned([0, 1]), Pinned([1, 2]), None, Pinned(None)]) == {0, 1, 2}
+    assert server_cores([psutil.Process()]) == set(os.sched_getaffinity(0))
+    assert server_cores([None, Pinned(None)]) == set(os.sched_getaffinity(0))  # none readable
 
 
 def test_too_little_traffic_is_refused_naming_what_was_seen() -> None:

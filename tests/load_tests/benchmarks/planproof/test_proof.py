@@ -105,6 +105,10 @@ def test_goodput_counts_answers_within_the_target_in_the_window() -> None:
     assert goodput_per_s([first, second], 0.2, warmup_s=1.0, duration_s=2.0) == 1.0
     assert goodput_per_s([first, second], 1.0, warmup_s=1.0, duration_s=2.0) == 1.5
     assert goodput_per_s([], 1.0, warmup_s=1.0, duration_s=2.0) == 0.0
+    late = _records([(1.0, 0.25, 200), (1.5, 0.25, 200)])
+    late[2] = [0.1, np.nan]  # the first sent 0.1 s late; the second's lag not recorded
+    assert goodput_per_s([late], 0.2, warmup_s=1.0, duration_s=2.0) == 0.0
+    assert goodput_per_s([late], 0.2, 1.0, 2.0, forgive_lag=True) == 0.5
 
 
 def test_the_tail_by_second_shows_when_the_slow_answers_came() -> None:
@@ -137,8 +141,11 @@ def test_a_models_row_against_its_prediction_and_target() -> None:
     assert not failed["throughput_ok"] and not failed["p99_ok"] and failed["error"]
 
 
-def _rows(goodputs: list[float], keeps_up: bool = True) -> list[dict[str, Any]]:
-    return [model_row(f"m{i}", "/", 100.0, 0.1, _summary(100.0, 50.0, keeps_up), g)
+def _rows(
+    goodputs: list[float], keeps_up: bool = True, forgiven: list[float | None] | None = None
+) -> list[dict[str, Any]]:
+    best = forgiven or goodputs
+    return [model_row(f"m{i}", "/", 100.0, 0.1, _summary(100.0, 50.0, keeps_up), g, best[i])
             for i, g in enumerate(goodputs)]  # fmt: skip
 
 
@@ -158,8 +165,16 @@ def test_the_verdict_of_issue_27() -> None:
         "budget_ok"
     ]
     assert verdict(_rows([100.0]), _rows([1.0]), unjudged, unjudged, False)["all_ok"]  # CPU
-    late = verdict(_rows([100.0]), _rows([1.0], keeps_up=False), WATCH, WATCH, True)
-    assert late["failed"] == ["client_ok"]
+    late = verdict(_rows([100.0], keeps_up=False), _rows([1.0]), WATCH, WATCH, True)
+    assert late["failed"] == ["client_ok"]  # the plan's rows need a client that kept up
+    # A naive row's late client fails the run only if sending on time could have closed the gap.
+    harmless = verdict(_rows([100.0]), _rows([1.0], False, [2.0]), WATCH, WATCH, True)
+    assert harmless["all_ok"] and harmless["naive_clients_late"] == ["m0"]
+    assert harmless["goodput_ratio"] == 100.0 and harmless["goodput_ratio_late_forgiven"] == 50.0
+    closes = verdict(_rows([100.0]), _rows([1.0], False, [80.0]), WATCH, WATCH, True)
+    assert closes["failed"] == ["client_ok"] and closes["goodput_ratio_late_forgiven"] == 1.25
+    unknown = verdict(_rows([100.0]), _rows([1.0], False, [None]), WATCH, WATCH, True)
+    assert unknown["failed"] == ["client_ok"] and unknown["goodput_ratio_late_forgiven"] == 0.0
     none = verdict(_rows([100.0]), _rows([0.0]), WATCH, WATCH, True)
     assert none["all_ok"] and none["goodput_ratio"] is None  # the naive config answered none
     assert "throughput_ok" in verdict([], [], WATCH, WATCH, True)["failed"]
