@@ -193,6 +193,7 @@ SOAK_H200_FILES = (
     "reliability/soak_h200_slope_1320s.json",
     "reliability/soak_h200_slope_810s_arena2.json",
     "reliability/soak_h200_ab_arena2_840s.json",
+    "reliability/soak_h200_ab_arena4_1080s.json",
 )
 
 
