@@ -9,13 +9,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from serve_app.errors import ConfigError, ServeAppError
 from serve_app.plan import live
-from serve_app.plan.hostprocs import HostFacts, Threads, cpu_seconds, host_facts, thread_seconds
+from serve_app.plan.gputime import GpuSampler, fit_to_nvml
+from serve_app.plan.hostprocs import (
+    HostFacts,
+    Threads,
+    cpu_seconds,
+    host_facts,
+    local_process,
+    thread_seconds,
+)
 from serve_app.plan.targets import DEFAULT_TEXTS_PER_REQUEST, Targets, builtin_kind
 
 MIN_WINDOW_S = 1.0
@@ -179,6 +187,7 @@ def build_measurements(
     url: str,
     window_s: float,
     cores_per_gpu: float | None = None,
+    gpu_busy_s: float | None = None,
 ) -> tuple[dict[str, Any], dict[str, live.AppWindow]]:
     """The measurements file from two reads of ``GET /v1/memory`` (and two metrics excerpts),
     and each application's window. Pure. ConfigError naming every application that cannot be
@@ -242,6 +251,9 @@ def build_measurements(
         "--metrics); no longer history of its decisions exists.",
     ]
     notes += check_inputs(doc, targets, set(reps1), url)
+    if host.all_local:  # NVML here reads the replicas' GPUs
+        fitted = fit_to_nvml(models, {k: w.busy_s for k, w in windows.items()}, gpu_busy_s)
+        notes += [fitted] if fitted else []
     doc_out = live.measurements_live(
         models=models,
         gpu=gpu,
@@ -252,6 +264,17 @@ def build_measurements(
         notes=notes,
     )
     return doc_out, windows
+
+
+def local_gpus(report: Mapping[str, Any]) -> list[str]:
+    """The GPUs (uuids) of a server's report whose replicas run on this host: NVML here can
+    read their utilisation. Empty when any replica runs elsewhere or none is on a GPU."""
+    reps = list(report.get("replicas") or [])
+    if not any(r.get("gpu_mode") == "cuda" for r in reps):
+        return []
+    if any(local_process(r) is None for r in reps):
+        return []
+    return sorted({str(g["uuid"]) for g in report.get("gpus") or [] if g.get("uuid")})
 
 
 def decisions_of(texts: tuple[str, str] | None, apps: list[str]) -> dict[str, Any] | None:
@@ -299,8 +322,11 @@ def plan_from_running(
     cpu0 = cpu_seconds(list(first.get("replicas") or []))
     threads0, threads0_at = thread_seconds(list(first.get("replicas") or [])), time.monotonic()
     log(f"plan --from-running: reading {url} again in {window_s:g} s")
-    time.sleep(window_s)
-    last = read_server(url)
+    with GpuSampler(local_gpus(first)) as gpu:
+        begin = time.perf_counter()
+        time.sleep(window_s)
+        last = read_server(url)
+        gpu_busy_s = gpu.busy_s(begin, time.perf_counter())
     m1 = scrape(metrics_url, set(apps)) if metrics_url else None
     host = host_facts(cpu0, last, threads0, threads0_at)
     check_inputs(doc, targets, set(live.by_application(last)), url)
@@ -320,6 +346,7 @@ def plan_from_running(
         url=url,
         window_s=window_s,
         cores_per_gpu=cores_per_gpu,
+        gpu_busy_s=gpu_busy_s,
     )
     path = folder / "measurements.json"
     path.write_text(json.dumps(doc_out, indent=1) + "\n")

@@ -22,9 +22,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from serve_app.plan import ingress as ing
+from serve_app.plan.gputime import GpuSampler
 from serve_app.plan.readings import LoopReading, percentile
 
-NVML_SAMPLE_S = 0.1  # the driver updates utilisation every 1/6 s to 1 s, by GPU
 CLIENT_START_TIMEOUT_S = 60.0  # a spawned client imports aiohttp (about a second)
 
 
@@ -54,46 +54,6 @@ def split(concurrency: int, parts: int) -> list[int]:
     """``concurrency`` dealt over ``parts`` processes as evenly as it goes."""
     base, extra = divmod(concurrency, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
-
-
-class _GpuSampler:
-    """NVML every NVML_SAMPLE_S on a thread: the GPU's utilisation (``busy_s`` is the window's
-    samples' mean share times the window, None when NVML gave none) and the replica process's
-    used bytes (``peak_bytes``, over the whole call, warm-up included)."""
-
-    def __init__(self, uuid: str | None, pid: int) -> None:
-        self.uuid, self.pid = uuid, pid
-        self.samples: list[tuple[float, int]] = []  # (perf_counter, percent)
-        self.peak_bytes: int | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="plan-nvml", daemon=True)
-
-    def _run(self) -> None:
-        from serve_app.gpu import nvml
-
-        while self.uuid and not self._stop.wait(NVML_SAMPLE_S):
-            used = nvml.value(nvml.process_used_bytes(self.pid, self.uuid))
-            if used is not None:
-                self.peak_bytes = max(self.peak_bytes or 0, used)
-            got = nvml.value(nvml.utilization_and_name(self.uuid))
-            if got is None:
-                return
-            self.samples.append((time.perf_counter(), got[0]))
-
-    def __enter__(self) -> _GpuSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5.0)
-
-    def busy_s(self, begin: float, end: float) -> float | None:
-        """The GPU's busy seconds in [begin, end): the mean of the samples taken in it."""
-        inside = [p for at, p in self.samples if begin <= at < end]
-        if not inside:
-            return None
-        return sum(inside) / len(inside) / 100.0 * (end - begin)
 
 
 async def _drive(
@@ -259,7 +219,7 @@ def run_window(
         for timer in timers:
             timer.start()
 
-    with _GpuSampler(t.gpu_uuid, t.pid) as gpu:
+    with GpuSampler([t.gpu_uuid] if t.gpu_uuid else [], t.pid) as gpu:
         latencies, errors, cpus, begin, end = _run_clients(
             t, concurrency, warmup_s, window_s, timeout_s, on_start
         )
