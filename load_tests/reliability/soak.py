@@ -626,22 +626,23 @@ def main(argv: list[str] | None = None) -> int:
         if watch is not None:
             meta["memory"] = watch.stop()
         launch.shutdown()
-        write(a.out, doc())
-    v = doc()["verdict"]
+        final = doc()
+        write(a.out, final)
+    v = final["verdict"]
     if (
         not a.no_plot
         and sampler is not None
         and plot(a.out.with_suffix(".png"), sampler.rows, warmup_s)
     ):
         print(f"plotted {a.out.with_suffix('.png')}")
-    totals = doc()["totals"]
+    totals = final["totals"]
     print(f"rate {meta['rate_rps']} req/s (peak {meta['peak_rps']}); {totals}")
     violations = meta.get("memory", {}).get("budget_violations", 0)
     if watch is not None:
         m = meta["memory"]
         print(f"budget violations: {violations} in {m['nvml_samples_judged']} NVML samples")
     print_verdict(v)
-    for name, app_v in doc()["verdict_by_application"].items():
+    for name, app_v in final["verdict_by_application"].items():
         env = others.get(name, "its env as given")
         print(f"application {name} ({env}):")
         print_verdict(app_v)
