@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Where the server side's CPU goes while load_tests.benchmarks.throughput loads MiniLM replicas
-# with one text per request: every process's CPU over a 5 s window of that load (from /proc), each thread
+# (one text per request, or any count): every process's CPU over a 5 s window of that load (from /proc), each thread
 # of one replica, and py-spy's samples of that replica (all threads, 5 s). For a throughput
 # figure that falls short without the model thread being busy.
 # Usage, after the GPU host README's install line with .prof/py_spy-*.whl added to it (py-spy
@@ -20,7 +20,7 @@ OUT="$OUT/tp" bash scripts/gpu_throughput.sh "$@" > "$P/throughput.out" 2>&1 &
 driver=$!
 log="$OUT/tp/throughput/serve_worker.log"
 for _ in $(seq 600); do
-  grep -q "x1-float" "$log" 2>/dev/null && break
+  grep -qE "minilm-x[0-9]+-(float|base64)" "$log" 2>/dev/null && break
   if ! kill -0 "$driver" 2>/dev/null; then  # the run ended without loading: nothing to sample
     echo "the throughput run ended before any load (skipped for time? see $P/throughput.out)"
     grep -E "plan:|skipped" "$OUT/tp/throughput/run.log" 2>/dev/null
