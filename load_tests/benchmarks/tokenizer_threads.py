@@ -1,0 +1,97 @@
+"""CPU seconds of the Rust tokenizer's ``encode_batch`` by its thread settings, each in a fresh
+process (rayon sizes its pool once): in the calling thread (``TOKENIZERS_PARALLELISM=false``,
+what serve_app sets for a one-core replica, startup/threads.py) against rayon pools of 1, 2 and
+16 threads (16: what a replica on a 16-core GPU host gets by default). Batches are spaced by a
+0.5 ms sleep, as a replica's batches are, so that the pool's workers park and wake as they do
+under serving.
+
+    python -m load_tests.benchmarks.tokenizer_threads --out tokenizer_threads.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+from load_tests.harness.meta import run_meta
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKENIZER = ROOT / "serve_app" / "models" / "minilm-skeleton" / "tokenizer.json"
+SETTINGS: dict[str, dict[str, str]] = {
+    "calling thread (TOKENIZERS_PARALLELISM=false)": {"TOKENIZERS_PARALLELISM": "false"},
+    "rayon pool of 1": {"RAYON_NUM_THREADS": "1"},
+    "rayon pool of 2": {"RAYON_NUM_THREADS": "2"},
+    "rayon pool of 16": {"RAYON_NUM_THREADS": "16"},
+}
+CHILD = """
+import os, resource, sys, time
+from tokenizers import Tokenizer
+tok = Tokenizer.from_file(sys.argv[1])
+texts = [f"a short query number {i} about things" for i in range(int(sys.argv[2]))]
+batches = int(sys.argv[3])
+def cpu_s():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+for _ in range(50):
+    tok.encode_batch(texts)
+c0, w0 = cpu_s(), time.perf_counter()
+for _ in range(batches):
+    tok.encode_batch(texts)
+    time.sleep(0.0005)
+c1, w1 = cpu_s(), time.perf_counter()
+print(c1 - c0, w1 - w0, len(os.listdir("/proc/self/task")))
+"""
+
+
+def measure(env_extra: dict[str, str], texts: int, batches: int) -> dict[str, float | int]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAYON_NUM_THREADS",)}
+    env.pop("TOKENIZERS_PARALLELISM", None)
+    env.update(env_extra)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(TOKENIZER), str(texts), str(batches)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout.split()
+    cpu_s, wall_s, threads = float(out[0]), float(out[1]), int(out[2])
+    return {
+        "cpu_s_per_batch": cpu_s / batches,
+        "wall_s_per_batch": wall_s / batches,
+        "process_threads": threads,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--batches", type=int, default=3000)
+    p.add_argument("--texts", default="16,64", help="texts per batch, comma-separated")
+    a = p.parse_args()
+    rows = []
+    for texts in (int(t) for t in a.texts.split(",")):
+        for name, env_extra in SETTINGS.items():
+            row = {"setting": name, "env": env_extra, "texts_per_batch": texts}
+            row.update(measure(env_extra, texts, a.batches))
+            rows.append(row)
+            print(
+                f"{texts:3d} texts, {name}: {row['cpu_s_per_batch'] * 1e6:,.0f} us CPU a batch, "
+                f"{row['process_threads']} threads"
+            )
+    doc = {
+        "meta": run_meta("python -m load_tests.benchmarks.tokenizer_threads"),
+        "host": {"cpus": os.cpu_count(), "machine": platform.machine()},
+        "batches": a.batches,
+        "rows": rows,
+    }
+    a.out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+
+
+if __name__ == "__main__":
+    main()
