@@ -1,13 +1,10 @@
 """The tokenizer's threads, sized to the replica's cores.
 
 The Rust tokenizer (``tokenizers``) runs ``encode_batch`` on rayon's global pool, which rayon
-sizes to every core of the host unless ``RAYON_NUM_THREADS`` says otherwise. Each replica then
-keeps a pool as large as the host (16 threads per replica on a 16-core GPU host), whose workers
-spin before they sleep: on the H200, 12 MiniLM replicas at 16 texts a request spent about a third
-of a core each in those threads
-(benchmarks/results/profile/throughput_r12_h200_16cores_14c8268), and tokenizing 16 short texts
-took 2.1 ms of CPU with a 16-thread pool against 0.63 ms in the calling thread
-(benchmarks/results/cpu_tokens/tokenizer_threads.json). Ray gives the replica ``num_cpus``
+sizes to every core of the host unless ``RAYON_NUM_THREADS`` says otherwise, so every replica
+would keep a pool as large as the host, whose workers spin before they park: CPU taken from the
+neighbours for nothing (benchmarks/results/profile/throughput_r12_h200_16cores_14c8268,
+benchmarks/results/cpu_tokens/tokenizer_threads.json). Ray gives the replica ``num_cpus``
 cores and says so in ``OMP_NUM_THREADS``; the tokenizer gets the same: one core, no pool at all
 (``TOKENIZERS_PARALLELISM=false``, the calling thread encodes); more, a pool of that size.
 Settings the deployment already has (its ``runtime_env``) are left as they are.
