@@ -24,13 +24,12 @@ def size_tokenizer_threads(environ: MutableMapping[str, str] | None = None) -> d
     env = os.environ if environ is None else environ
     if "TOKENIZERS_PARALLELISM" in env or "RAYON_NUM_THREADS" in env:
         return {}
-    cores = env.get("OMP_NUM_THREADS", "")
-    if not cores.isdigit() or int(cores) < 1:
+    text = env.get("OMP_NUM_THREADS", "")
+    cores = int(text) if text.isdigit() else 0
+    if cores < 1:
         return {}
     chosen = (
-        {"TOKENIZERS_PARALLELISM": "false"}
-        if int(cores) == 1
-        else {"RAYON_NUM_THREADS": str(int(cores))}
+        {"TOKENIZERS_PARALLELISM": "false"} if cores == 1 else {"RAYON_NUM_THREADS": str(cores)}
     )
     env.update(chosen)
     return chosen

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -42,48 +41,46 @@ def test_no_core_count_changes_nothing(cores: str) -> None:
     assert env == before
 
 
-def test_the_real_tokenizer_starts_no_pool_after_sizing() -> None:
-    """In a fresh process that imported tokenizers first (as a warm worker does), sizing the
-    threads for one core leaves encode_batch in the calling thread: no rayon workers appear."""
-    code = textwrap.dedent(
-        """
-        import os
-        from tokenizers import Tokenizer
-        from serve_app.startup.threads import size_tokenizer_threads
-        tok = Tokenizer.from_file("serve_app/models/minilm-skeleton/tokenizer.json")
-        before = len(os.listdir("/proc/self/task"))
-        os.environ["OMP_NUM_THREADS"] = "1"
-        size_tokenizer_threads()
-        for _ in range(20):
-            tok.encode_batch([f"a short text number {i}" for i in range(64)])
-        print(before, len(os.listdir("/proc/self/task")))
-        """
-    )
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+CHILD = """
+import os, sys
+from tokenizers import Tokenizer
+from serve_app.startup.threads import size_tokenizer_threads
+tok = Tokenizer.from_file("serve_app/models/minilm-skeleton/tokenizer.json")
+before = len(os.listdir("/proc/self/task"))
+if sys.argv[1] == "size":
+    os.environ["OMP_NUM_THREADS"] = "1"
+    size_tokenizer_threads()
+for _ in range(20):
+    tok.encode_batch([f"a short text number {i}" for i in range(64)])
+print(before, len(os.listdir("/proc/self/task")))
+"""
+
+
+def _threads_around_encoding(size: bool, env_extra: dict[str, str]) -> tuple[int, int]:
+    """A fresh process that imports tokenizers first (as a warm worker does), sizes its
+    threads for one core or not, encodes: its thread count before and after."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **env_extra}
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, cwd=ROOT
+        [sys.executable, "-c", CHILD, "size" if size else "leave"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        cwd=ROOT,
     )
     before, after = (int(x) for x in out.stdout.split())
-    assert after == before, out.stdout
+    return before, after
+
+
+def test_the_real_tokenizer_starts_no_pool_after_sizing() -> None:
+    """Sizing the threads for one core leaves encode_batch in the calling thread: no rayon
+    workers appear."""
+    before, after = _threads_around_encoding(True, {})
+    assert after == before
 
 
 def test_without_sizing_the_real_tokenizer_starts_a_pool() -> None:
     """The control: the same process without the sizing grows rayon's threads (so the test
     above can fail)."""
-    code = textwrap.dedent(
-        """
-        import os
-        from tokenizers import Tokenizer
-        tok = Tokenizer.from_file("serve_app/models/minilm-skeleton/tokenizer.json")
-        before = len(os.listdir("/proc/self/task"))
-        for _ in range(20):
-            tok.encode_batch([f"a short text number {i}" for i in range(64)])
-        print(before, len(os.listdir("/proc/self/task")))
-        """
-    )
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "RAYON_NUM_THREADS": "4"}
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, cwd=ROOT
-    )
-    before, after = (int(x) for x in out.stdout.split())
-    assert after > before, out.stdout
+    before, after = _threads_around_encoding(False, {"RAYON_NUM_THREADS": "4"})
+    assert after > before
