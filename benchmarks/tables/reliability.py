@@ -148,6 +148,15 @@ SOAK_FILES = (
 MIB_PER_H = 60 / (1 << 20)  # bytes per minute to MiB per hour
 
 
+def _duration(d: Mapping[str, Any], v: Mapping[str, Any]) -> str:
+    """The planned duration (warm-up); for a soak cut short, the seconds its samples cover."""
+    planned = f"{d['cli']['duration_s']:g} s ({v['warmup_s']:g} s)"
+    if d.get("complete", True):
+        return planned
+    covered_s = max((s["t_s"] for s in d["samples"]), default=0.0)
+    return f"{covered_s:.0f} s of {planned}, cut short"
+
+
 def _soak_cells(ctx: Ctx, rel: str, d: Mapping[str, Any], commit: str) -> list[str]:
     """A soak row's first cells: file, commit, duration (warm-up), rate (peak), sent, lost,
     failed."""
@@ -155,7 +164,7 @@ def _soak_cells(ctx: Ctx, rel: str, d: Mapping[str, Any], commit: str) -> list[s
     return [
         ctx.link(rel),
         f"`{commit}`",
-        f"{d['cli']['duration_s']:g} s ({v['warmup_s']:g} s)",
+        _duration(d, v),
         f"{d['rate_rps']:g} ({d['peak_rps']:g})",
         f"{t['sent']:,}",
         str(t["lost"]),
@@ -194,6 +203,7 @@ SOAK_H200_FILES = (
     "reliability/soak_h200_slope_810s_arena2.json",
     "reliability/soak_h200_ab_arena2_840s.json",
     "reliability/soak_h200_ab_arena4_1080s.json",
+    "reliability/soak_h200_slope_1200s_cut.json",
 )
 
 
@@ -216,11 +226,17 @@ def _soak_parts(d: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], Mapp
     return out
 
 
+def _violations(mem: Mapping[str, Any] | None) -> str:
+    if mem is None:
+        return "not recorded (run cut short)"
+    return f"{mem['budget_violations']} in {mem['nvml_samples_judged']:,}"
+
+
 def r_soak_h200(ctx: Ctx) -> str:
     body = []
     for rel in SOAK_H200_FILES:
         d = load(ctx.results / rel)
-        mem = d["memory"]
+        mem = d.get("memory")  # absent: the independent sampler's verdict was lost
         for env, part, v in _soak_parts(d):
             reps = v["replicas"]
 
@@ -232,7 +248,7 @@ def r_soak_h200(ctx: Ctx) -> str:
                 [
                     *_soak_cells(ctx, rel, part, str(d["code_commit"])[:7]),
                     env,
-                    f"{mem['budget_violations']} in {mem['nvml_samples_judged']:,}",
+                    _violations(mem),
                     slopes("rss"),
                     slopes("nvml"),
                     slopes("reserved"),

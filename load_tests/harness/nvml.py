@@ -214,6 +214,15 @@ class BudgetWatch:
             if self._stop.wait(self.budgets_every_s):
                 break
 
+    def so_far(self) -> dict[str, Any]:
+        """The verdict on the samples taken until now, for a run that writes its JSON as it
+        goes: a run cut short (a lost GPU lease) still records what its samples showed."""
+        samples = list(self.sampler.log.samples)  # a copy: the sampler thread appends
+        return {
+            **judge_budgets(samples, dict(self.budgets)),
+            "nvml_notes": list(self.sampler.log.notes),
+        }
+
     def stop(self) -> dict[str, Any]:
         self._stop.set()
         self._thread.join(timeout=15.0)

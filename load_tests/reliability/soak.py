@@ -548,8 +548,11 @@ def main(argv: list[str] | None = None) -> int:
         pids = sampler.replica_ids if sampler else {}
         judge = (warmup_s, a.flat_bytes, a.slope_target_mib_per_h)
         apps = by_application(rows) if others else {}
+        # the budget verdict so far on every write: a soak cut short keeps it
+        memory = {"memory": watch.so_far()} if watch is not None and "memory" not in meta else {}
         return {
             **meta,
+            **memory,
             "complete": complete,
             "took_s": round(time.monotonic() - t0, 1),
             "totals": totals,
