@@ -6,7 +6,8 @@ serve_app/ knows of it. In such a process a daemon thread waits ``SOAK_TRACEMALL
 (120 s: start-up and warm-up allocations are not traced, so what a later snapshot holds was
 allocated after them), starts tracemalloc with ``FRAMES`` frames, then every
 ``SOAK_TRACEMALLOC_EVERY_S`` (300 s) dumps a snapshot to ``DIR/PID-T.snap`` (T: seconds since
-tracing began) and a line to ``DIR/PID.jsonl`` (RSS and tracemalloc's traced bytes).
+tracing began) and a line to ``DIR/PID.jsonl`` (RSS, tracemalloc's traced bytes, malloc's
+statistics and ``process_counts``).
 
     python -m load_tests.reliability.tracemem DIR [--top 25] [--out growth.json]
 
@@ -91,6 +92,28 @@ def mallinfo() -> dict[str, int]:
     }
 
 
+def process_counts() -> dict[str, int]:
+    """What else can hold anonymous memory outside malloc's count: the interpreter's blocks
+    (pymalloc's arenas are 1 MiB mmaps), the objects the gc tracks, the threads (their stacks)
+    and torch's pinned host memory once CUDA is up. Cheap enough for every line: the gc count
+    walks the tracked objects, a few ms every ``SOAK_TRACEMALLOC_EVERY_S``."""
+    import gc
+
+    out = {"py_allocated_blocks": sys.getallocatedblocks(), "gc_objects": len(gc.get_objects())}
+    try:
+        status = Path("/proc/self/status").read_text()
+        out["threads"] = int(status.split("Threads:", 1)[1].split()[0])
+    except (OSError, IndexError, ValueError):
+        pass  # not Linux: no thread count
+    torch = sys.modules.get("torch")  # never imported here: only a process that has it
+    if torch is not None and torch.cuda.is_initialized():
+        stats = torch.cuda.host_memory_stats()
+        for key in ("allocated_bytes.current", "active_bytes.current"):
+            if key in stats:
+                out["pinned_" + key.split(".")[0]] = int(stats[key])
+    return out
+
+
 def _trace(out_dir: Path, start_s: float, every_s: float, frames: int) -> None:
     time.sleep(start_s)
     if frames > 0:
@@ -105,6 +128,7 @@ def _trace(out_dir: Path, start_s: float, every_s: float, frames: int) -> None:
             snap.dump(str(out_dir / f"{pid}-{t_s:06d}.snap"))
             traced, _ = tracemalloc.get_traced_memory()
         line = {"t_s": t_s, "rss_bytes": _rss_bytes(), "traced_bytes": traced, **mallinfo()}
+        line.update(process_counts())
         if trim_every > 0 and t_s >= trim_every * (trims + 1):  # what malloc_trim gives back
             trims += 1
             ctypes.CDLL("libc.so.6").malloc_trim(0)

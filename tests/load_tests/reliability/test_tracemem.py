@@ -57,3 +57,23 @@ def test_analyse_splits_growth_into_serve_app_and_the_rest(tmp_path: Path) -> No
     assert top["ours"] is True
     assert top["frames"][-1].startswith("/repo/serve_app/serving/leaky.py:")
     assert any(s["frames"][-1].startswith("/venv/site-packages/ray/") for s in e["top"])
+
+
+def test_process_counts_see_objects_and_threads_grow() -> None:
+    import threading
+
+    before = tracemem.process_counts()
+    held = [[i] for i in range(20_000)]  # 20,000 gc-tracked lists, each a pymalloc block
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait)
+    worker.start()
+    try:
+        after = tracemem.process_counts()
+    finally:
+        stop.set()
+        worker.join()
+    assert after["gc_objects"] - before["gc_objects"] >= 20_000
+    assert after["py_allocated_blocks"] - before["py_allocated_blocks"] >= 20_000
+    assert after["threads"] == before["threads"] + 1
+    assert not any(k.startswith("pinned_") for k in after)  # no CUDA in this process
+    del held
