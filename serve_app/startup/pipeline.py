@@ -67,6 +67,7 @@ def start_replica(args: AppArgs, num_gpus: float) -> Started:
     Raises:
         StartupError: a phase cannot complete (the message names the setting to change).
     """
+    from serve_app.serving.accesslog import gate_access_log
     from serve_app.startup.threads import size_tokenizer_threads
     from serve_app.startup.warmpool import match_a_fresh_worker
 
@@ -75,6 +76,7 @@ def start_replica(args: AppArgs, num_gpus: float) -> Started:
     tokenizer_threads = size_tokenizer_threads()  # before the first encode_batch builds a pool
     if tokenizer_threads:
         logger.info("tokenizer threads sized to the replica's cores: %s", tokenizer_threads)
+    gate_access_log()  # Serve builds each request's access-log record even when it is off
     family = adapters.family(args)
     # The partition comes first, before anything that could touch CUDA: under MPS enforcement
     # it sets the replica's driver limit in the environment, which the driver reads once.

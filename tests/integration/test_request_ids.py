@@ -39,11 +39,11 @@ def app(cluster) -> Iterator[str]:
     cluster.delete(APP)
 
 
-def wait_replica_up(timeout_s: float = 60.0) -> None:
+def wait_replica_up(timeout_s: float = 60.0, app: str = APP) -> None:
     import ray
 
     node_id = ray.get_runtime_context().get_node_id()
-    prefix = f"http-{APP}/SERVE_REPLICA_{APP}-model-"
+    prefix = f"http-{app}/SERVE_REPLICA_{app}-model-"
     deadline = time.monotonic() + timeout_s
     servers: dict[str, Any] = {}
     while time.monotonic() < deadline:
@@ -54,24 +54,26 @@ def wait_replica_up(timeout_s: float = 60.0) -> None:
     raise AssertionError(f"no {prefix}* server UP in HAProxy after {timeout_s:.0f} s: {servers}")
 
 
-def records() -> list[dict[str, Any]]:
+def records(app: str = APP) -> list[dict[str, Any]]:
     """Every JSON line of this application's replica log files."""
     sdir = session_dir()
     assert sdir is not None
     out = []
-    for path in sorted(Path(sdir, "logs", "serve").glob(f"replica_{APP}_model_*.log*")):
+    for path in sorted(Path(sdir, "logs", "serve").glob(f"replica_{app}_model_*.log*")):
         for line in path.read_text(errors="replace").splitlines():
             if line.startswith("{"):
                 out.append(json.loads(line))
     return out
 
 
-def lines_of(request_id: str, timeout_s: float = 10.0, want: str = "") -> list[dict[str, Any]]:
+def lines_of(
+    request_id: str, timeout_s: float = 10.0, want: str = "", app: str = APP
+) -> list[dict[str, Any]]:
     """The log records whose request_id names ``request_id`` (alone, or among a batch's ids),
     waiting up to ``timeout_s`` for one whose message holds ``want`` when that is given."""
     deadline = time.monotonic() + timeout_s
     while True:
-        found = [r for r in records() if request_id in str(r.get("request_id", "")).split(",")]
+        found = [r for r in records(app) if request_id in str(r.get("request_id", "")).split(",")]
         if not want or any(want in r.get("message", "") for r in found):
             return found
         if time.monotonic() > deadline:
@@ -118,3 +120,29 @@ def test_a_500s_error_id_line_and_traceback_carry_the_request_id(app: str) -> No
     ok = httpx.post(f"{app}/v1/predict", json={"inputs": [1]}, headers={"x-request-id": "ok-2"})
     assert ok.status_code == 200
     assert lines_of("ok-2", timeout_s=0.5) == []
+    # the access log's records are not even built here: the gate found Serve's logger
+    assert not [r for r in records() if "logger to gate" in r.get("message", "")]
+
+
+def test_a_deployment_with_the_access_log_on_gets_a_line_per_request(cluster) -> None:
+    # serve_app skips building Serve's access-log records only while they would be dropped
+    # (serving/accesslog.py); turned on, each request still gets its line
+    name = "reqacc"
+    base = cluster.deploy(
+        name,
+        f"/{name}",
+        {"adapter": USER, "device": "cpu", "max_batch_size": 8},
+        ray_actor_options={"num_cpus": 0.25},
+        logging_config={"encoding": "JSON", "enable_access_log": True},
+    )
+    try:
+        wait_replica_up(app=name)
+        ok = httpx.post(
+            f"{base}/v1/predict", json={"inputs": [1]}, headers={"x-request-id": "acc-1"}
+        )
+        assert ok.status_code == 200
+        found = lines_of("acc-1", want=f"POST /{name} 200", app=name)
+        (line,) = [r for r in found if f"POST /{name} 200" in r["message"]]
+        assert line["filename"] == "replica.py"  # Serve's own caller, not the gate
+    finally:
+        cluster.delete(name)
