@@ -17,6 +17,7 @@ TOOLS = {
     "load_tests.benchmarks.multigpu": "load_tests.benchmarks.multigpu.cli",
     "load_tests.benchmarks.stack": "load_tests.benchmarks.stack.cli",
     "load_tests.benchmarks.planproof": "load_tests.benchmarks.planproof.cli",
+    "load_tests.benchmarks.first_seconds": "load_tests.benchmarks.first_seconds",
 }
 
 

@@ -1,0 +1,206 @@
+"""Is a fresh server as fast in its first seconds as later? ``python -m serve_app run CONFIG`` as
+a user starts it; from the moment ``/readyz`` turns 200, wrk back to back in ``--windows``
+windows of ``--window-s`` seconds each, with the same connections and bodies; each window's
+requests/s, errors and latency percentiles. Issue 28's target: the first window's p99 at most
+``--max-ratio`` (2) times the last window's. Each repeat starts the server afresh (a new
+port, the same calibration cache: a restart as users see it). On a GPU, NVML per process is
+judged against each replica's budget from the start (BudgetWatch), and each window records the
+server's CPU seconds by kind of process (replicas, HAProxy, Serve's control plane, Ray's
+daemons, the rest: proccpu.py), which says what else is busy while the first window is slow.
+
+    python -m load_tests.benchmarks.first_seconds --device cuda --replicas 4 --out first.json
+    python -m load_tests.benchmarks.first_seconds --device cpu --replicas 1 --out first.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from load_tests.benchmarks.startup.cold import stop_cli
+from load_tests.benchmarks.startup.probes import first_200
+from load_tests.benchmarks.startup.rows import cold_config
+from load_tests.benchmarks.throughput.options import parse_cores
+from load_tests.benchmarks.throughput.payload import model_payload
+from load_tests.benchmarks.throughput.proccpu import ServerCpu
+from load_tests.harness.meta import PROVENANCE_HELP, ROOT, run_meta
+from load_tests.harness.nvml import BudgetWatch
+from load_tests.harness.wrk import WrkTarget, find_wrk, pin_prefix, run_wrk
+
+PROG = "python -m load_tests.benchmarks.first_seconds"
+
+
+def window_verdict(windows: list[dict[str, Any]], max_ratio: float) -> dict[str, Any]:
+    """The first window's p99 against the last's; ``ok`` when every window ran without an
+    error and the ratio is at most ``max_ratio``."""
+    ran = [w for w in windows if "error" not in w]
+    if len(ran) < 2 or len(ran) != len(windows):
+        return {"ok": False, "why": "a window did not run", "p99_ratio": None}
+    first, last = ran[0]["p99_ms"], ran[-1]["p99_ms"]
+    ratio = first / last if last > 0 else None
+    errors = sum(int(w["errors"]) for w in ran)
+    ok = ratio is not None and ratio <= max_ratio and errors == 0
+    why = None if ok else (f"{errors} errors" if errors else f"p99 ratio {ratio} > {max_ratio}")
+    return {"ok": ok, "why": why, "p99_ratio": round(ratio, 3) if ratio else None, "errors": errors}
+
+
+def process_cpu(root: int) -> dict[int, tuple[str, float]]:
+    """pid -> (title, user + system CPU seconds) of ``root`` and its descendants."""
+    import psutil
+
+    out: dict[int, tuple[str, float]] = {}
+    try:
+        procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+    except psutil.Error:
+        return out
+    for p in procs:
+        try:
+            with p.oneshot():
+                title = " ".join(p.cmdline())[:80] or p.name()
+                t = p.cpu_times()
+            out[p.pid] = (title, float(t.user + t.system))
+        except psutil.Error:
+            continue
+    return out
+
+
+def top_processes(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], n: int = 6
+) -> list[dict[str, Any]]:
+    """The ``n`` processes that used the most CPU between two ``process_cpu`` readings (one
+    that started in between counts whole)."""
+    used = [
+        {"pid": pid, "title": title, "cpu_s": round(cpu_s - before.get(pid, (title, 0.0))[1], 3)}
+        for pid, (title, cpu_s) in after.items()
+    ]
+    return sorted(used, key=lambda u: -u["cpu_s"])[:n]
+
+
+def one_start(a: argparse.Namespace, doc: dict[str, Any], work: Path, repeat: int) -> dict:
+    from serve_app.ops import launch, ports
+
+    doc["http_options"]["port"] = ports.free_port()
+    host, port = launch.http_address(doc)
+    url = f"http://{host}:{port}"
+    config = work / f"first-{repeat}.yaml"
+    config.write_text(yaml.safe_dump(doc))
+    log_path = work / f"first-{repeat}.log"
+    payload = model_payload("minilm", a.inputs_per_request, workload=a.workload)
+    target = WrkTarget(url + payload.path, payload.headers, payload.write(work))
+    cmd = [*pin_prefix(a.server_cores), sys.executable, "-m", "serve_app", "run", str(config)]
+    cmd += ["--ready-timeout-s", str(int(a.ready_timeout_s))]
+    env = {**os.environ, **ports.haproxy_side_ports()}
+    row: dict[str, Any] = {"repeat": repeat, "windows": []}
+    with log_path.open("wb") as out:
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    watch = BudgetWatch(f"{url}/v1/memory").start() if a.device == "cuda" else None
+    try:
+        deadline = t0 + a.ready_timeout_s
+        ready_at = first_200(f"{url}/readyz", deadline, lambda: proc.poll() is None, lambda: None)
+        if ready_at is None:
+            tail = log_path.read_text(errors="replace")[-1500:]
+            return {**row, "note": f"never ready; CLI output: {tail}"}
+        row["ready_s"] = round(ready_at - t0, 3)
+        for i in range(a.windows):
+            started_s = time.monotonic() - ready_at
+            cpu = ServerCpu([proc.pid])  # the CLI's tree: Ray's daemons, workers, HAProxy
+            cpu.start()
+            procs_before = process_cpu(proc.pid)
+            w = run_wrk(
+                a.wrk,
+                target,
+                connections=a.connections,
+                threads=a.threads,
+                duration_s=a.window_s,
+                cores=a.client_cores,
+                work_dir=work,
+            )
+            w["server_cpu"] = cpu.stop(int(w.get("requests", 0)))
+            w["top_processes"] = top_processes(procs_before, process_cpu(proc.pid))
+            row["windows"].append({"window": i, "started_after_ready_s": round(started_s, 3), **w})
+            if "error" not in w:
+                print(
+                    f"repeat {repeat} window {i} (+{started_s:.1f} s): {w['requests_per_s']:,.0f} "
+                    f"req/s, p50 {w['p50_ms']:.1f} ms, p99 {w['p99_ms']:.1f} ms, "
+                    f"{w['errors']} errors; server cores busy "
+                    f"{w['server_cpu']['server_cores_busy']} "
+                    f"{w['server_cpu']['server_cpu_s_by_kind']}",
+                    flush=True,
+                )
+        row["verdict"] = window_verdict(row["windows"], a.max_ratio)
+    finally:
+        if watch is not None:
+            row["budget_watch"] = watch.stop()
+        row["stop"] = stop_cli(proc, host, port)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog=PROG, description=(__doc__ or "").split("\n\n")[0], epilog=PROVENANCE_HELP
+    )
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument("--inputs-per-request", type=int, default=1)
+    p.add_argument("--workload", choices=("short", "mixed"), default="short")
+    p.add_argument("--connections", type=int, default=64)
+    p.add_argument("--threads", type=int, default=4, help="wrk's threads")
+    p.add_argument("--window-s", type=float, default=10.0)
+    p.add_argument("--windows", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--max-ratio", type=float, default=2.0)
+    p.add_argument("--ready-timeout-s", type=float, default=240.0)
+    p.add_argument("--server-cores", type=parse_cores, default=[], help="e.g. 0-11 (taskset)")
+    p.add_argument("--client-cores", type=parse_cores, default=[], help="wrk's, e.g. 12-15")
+    p.add_argument("--warm-workers", type=int, default=None, help="args.warm_workers (A/B)")
+    p.add_argument("--wrk", default=str(ROOT / ".tools" / "wrk"))
+    p.add_argument("--out", type=Path, required=True)
+    a = p.parse_args(argv)
+    a.wrk = find_wrk(a.wrk)
+    if a.wrk is None:
+        p.error("wrk not found: build .tools/wrk (../shared/gpu-host/make-tools.sh) or install it")
+    if a.windows < 2:
+        p.error("--windows: at least 2 (the first is judged against the last)")
+    from serve_app.ops import launch
+
+    if a.device == "cuda" and launch.gpu_count() == 0:
+        p.error("--device cuda, but this machine has no CUDA GPU (use --device cpu)")
+    work = Path(tempfile.mkdtemp(prefix="first-seconds-"))
+    base = yaml.safe_load(
+        (ROOT / "configs" / ("gpu-shared.yaml" if a.device == "cuda" else "cpu.yaml")).read_text()
+    )
+    doc = cold_config(base, a.device, a.replicas, work / "calibration-cache")
+    if a.warm_workers is not None:
+        doc["applications"][0]["args"]["warm_workers"] = a.warm_workers
+    rows = [one_start(a, doc, work, r) for r in range(a.repeats)]
+    verdicts = [r.get("verdict", {"ok": False}) for r in rows]
+    violations = sum(int(r.get("budget_watch", {}).get("budget_violations", 0)) for r in rows)
+    result = {
+        "meta": run_meta(PROG, argv),
+        "config": doc,
+        "args": {k: v for k, v in vars(a).items() if k not in ("out",)} | {"out": str(a.out)},
+        "rows": rows,
+        "all_ok": all(v["ok"] for v in verdicts) and violations == 0,
+        "budget_violations": violations,
+    }
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    for r in rows:
+        said = r.get("verdict") or r.get("note")
+        print(f"repeat {r['repeat']}: ready after {r.get('ready_s')} s; {said}")
+    print(f"all_ok {result['all_ok']}; budget violations {violations}; wrote {a.out}")
+    return 0 if result["all_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
