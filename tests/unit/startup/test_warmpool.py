@@ -19,7 +19,12 @@ from serve_app.startup import warmpool
 
 def test_preload_list_per_adapter_marker_last() -> None:
     emb = warmpool.preload_modules(["embeddings"])
-    assert emb[:3] == ["torch", "ray.serve._private.replica", "serve_app.serving.replica"]
+    assert emb[:4] == [
+        "serve_app.preloading",  # first: it imports the rest at a low priority
+        "torch",
+        "ray.serve._private.replica",
+        "serve_app.serving.replica",
+    ]
     assert "serve_app.adapters.embeddings" in emb
     # serve_app's own BERT encoder: transformers' 4 to 6 s import stays out of every worker
     assert not any(m.startswith("transformers") for m in emb)
