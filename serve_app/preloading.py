@@ -1,7 +1,8 @@
-"""The first module of a Ray worker's preload list (warmpool.preload_modules): it imports the
-rest of that list in a thread of the lowest priority (Linux's SCHED_IDLE) and waits for it, so
-that a warm worker's imports (seconds of CPU each: torch, Ray Serve, serve_app) yield the cores
-to the replicas serving.
+"""The first module of a Ray worker's preload list (warmpool.preload_modules): in a warm worker
+(one a replica asked for ahead of need, which took a token for it), it imports the rest of that
+list in a thread of the lowest priority (Linux's SCHED_IDLE) and waits for it, so that the
+imports (seconds of CPU each: torch, Ray Serve, serve_app) yield the cores to the replicas
+serving.
 
 Replicas ask for warm workers as they start, so the imports fall on a server's first seconds
 of serving, where they took most of a loaded one-core replica's CPU
@@ -20,9 +21,19 @@ import importlib
 import os
 import sys
 import threading
+import time
+import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 FLAG = "--worker-preload-modules"  # how the raylet gives default_worker.py the list
+# A replica that asks the raylet for warm workers leaves a token each in Ray's session
+# directory first (warmpool.Keeper); a worker that takes one imports at the lowest priority.
+# Workers Ray starts for an actor waiting now (Serve's controller and proxy, a replica with no
+# warm worker left) find none and import as Ray does, at their own priority: at the lowest,
+# one of them missed Serve's start-up deadline while the node's daemons kept the core busy.
+TOKENS_DIR = "serve_app_warm_tokens"
+TOKEN_TTL_S = 30.0
 
 
 def listed_after(argv: Sequence[str], me: str = __name__) -> list[str]:
@@ -36,6 +47,60 @@ def listed_after(argv: Sequence[str], me: str = __name__) -> list[str]:
             value = argv[i + 1]
     names = [n for n in value.split(",") if n]
     return names[names.index(me) + 1 :] if me in names else []
+
+
+def _flag(argv: Sequence[str], name: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def session_dir(argv: Sequence[str]) -> Path | None:
+    """Ray's session directory from a worker's command line (``--temp-dir``, ``--session-name``)."""
+    temp_dir, session = _flag(argv, "--temp-dir"), _flag(argv, "--session-name")
+    return Path(temp_dir) / session if temp_dir and session else None
+
+
+def leave_tokens(session: Path, count: int, now_s: float | None = None) -> None:
+    """``count`` tokens for the workers about to be asked for, good for TOKEN_TTL_S; expired
+    ones (their workers never came, or came for something else) are removed."""
+    now_s = time.time() if now_s is None else now_s
+    tokens = session / TOKENS_DIR
+    tokens.mkdir(exist_ok=True)
+    for old in tokens.iterdir():
+        if _expiry_s(old.name) < now_s:
+            old.unlink(missing_ok=True)
+    expiry_ms = int((now_s + TOKEN_TTL_S) * 1000)
+    for _ in range(count):
+        (tokens / f"{expiry_ms}-{uuid.uuid4().hex}").touch()
+
+
+def take_token(session: Path, now_s: float | None = None) -> bool:
+    """Take one unexpired token (unlinking it: one worker each); False when there is none."""
+    now_s = time.time() if now_s is None else now_s
+    try:
+        names = sorted(os.listdir(session / TOKENS_DIR))
+    except OSError:
+        return False
+    for name in names:
+        if _expiry_s(name) < now_s:
+            continue
+        try:
+            os.unlink(session / TOKENS_DIR / name)
+            return True
+        except FileNotFoundError:  # another new worker took it first
+            continue
+    return False
+
+
+def _expiry_s(name: str) -> float:
+    try:
+        return int(name.split("-", 1)[0]) / 1000
+    except ValueError:
+        return 0.0
 
 
 def _threads() -> set[int]:
@@ -91,5 +156,7 @@ def preload_low(names: Sequence[str]) -> str:
     return said[0] if said else "none"
 
 
-if _names := listed_after(sys.argv):
-    LOWERED = preload_low(_names)
+LOWERED: str | None = None  # how this worker's imports ran, when it took a token
+if (_names := listed_after(sys.argv)) and (_session := session_dir(sys.argv)) is not None:
+    if take_token(_session):
+        LOWERED = preload_low(_names)

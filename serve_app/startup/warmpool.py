@@ -33,6 +33,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypedDict
 
+from serve_app.preloading import leave_tokens
 from serve_app.startup import ray_compat
 
 logger = logging.getLogger("serve_app")
@@ -279,6 +280,8 @@ class Keeper:
                 missing = max(0, self.target - len(warm))
                 if missing:
                     before = {pid for pid, _ in _children(self.raylet_pid)}
+                    # so that they import at the lowest priority (serve_app/preloading.py)
+                    leave_tokens(self.lock_path.parent, missing)
                     prestart(missing, self.runtime_env, self.job_id)
                     self.requested += missing
                     warm += self._new_workers(before, missing)

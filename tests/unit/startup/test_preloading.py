@@ -33,7 +33,12 @@ def test_listed_after_reads_the_raylets_flag_both_ways() -> None:
 # module, listed after the niced one, records the nice of the thread that imports it.
 CHILD = """
 import importlib, json, os, sys, threading
-sys.argv = ["default_worker.py", "--worker-preload-modules=" + sys.argv[1]]
+sys.argv = [
+    "default_worker.py",
+    "--worker-preload-modules=" + sys.argv[1],
+    "--temp-dir=" + sys.argv[2],
+    "--session-name=session_test",
+]
 for name in sys.argv[1].split("=", 1)[1].split(","):
     importlib.import_module(name)
 import nice_probe
@@ -54,19 +59,25 @@ POLICY = os.sched_getscheduler(threading.get_native_id())
 """
 
 
-def run_child(tmp_path: Path, modules: str) -> dict:
+def run_child(tmp_path: Path, modules: str, tokens: int) -> dict:
     (tmp_path / "nice_probe.py").write_text(PROBE)
+    session = tmp_path / "session_test"
+    session.mkdir(exist_ok=True)
+    preloading.leave_tokens(session, tokens)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, modules], capture_output=True, text=True, env=env, check=True
+        [sys.executable, "-c", CHILD, modules, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
     )
     return json.loads(out.stdout)
 
 
-def test_the_rest_of_the_list_is_imported_at_idle_priority_and_the_main_thread_is_not(
-    tmp_path,
-) -> None:
-    got = run_child(tmp_path, "serve_app.preloading,nice_probe,json")
+def test_a_warm_worker_imports_at_idle_priority_and_its_main_thread_does_not(tmp_path) -> None:
+    got = run_child(tmp_path, "serve_app.preloading,nice_probe,json", tokens=1)
+    assert list((tmp_path / "session_test" / preloading.TOKENS_DIR).iterdir()) == []  # taken
     assert got["lowered"] == "SCHED_IDLE"
     assert (got["probe_thread"], got["probe_policy"]) == ("preload-low", os.SCHED_IDLE)
     assert got["main_policy"] == os.sched_getscheduler(0)  # this test's own: untouched
@@ -74,7 +85,32 @@ def test_the_rest_of_the_list_is_imported_at_idle_priority_and_the_main_thread_i
     assert got["json_loaded"]
 
 
-def test_control_without_it_the_main_thread_imports_at_its_own_priority(tmp_path) -> None:
-    got = run_child(tmp_path, "nice_probe,json")
+def test_a_worker_without_a_token_imports_as_ray_does(tmp_path) -> None:
+    # one Ray started for an actor waiting now (Serve's proxy, a cold replica)
+    got = run_child(tmp_path, "serve_app.preloading,nice_probe,json", tokens=0)
     assert got["lowered"] is None
     assert (got["probe_thread"], got["probe_policy"]) == ("MainThread", os.sched_getscheduler(0))
+
+
+def test_control_without_the_module_the_main_thread_imports(tmp_path) -> None:
+    got = run_child(tmp_path, "nice_probe,json", tokens=1)
+    assert got["lowered"] is None
+    assert (got["probe_thread"], got["probe_policy"]) == ("MainThread", os.sched_getscheduler(0))
+
+
+def test_tokens_one_each_and_expired_ones_neither_taken_nor_kept(tmp_path) -> None:
+    preloading.leave_tokens(tmp_path, 2, now_s=1000.0)
+    assert preloading.take_token(tmp_path, now_s=1010.0)
+    assert preloading.take_token(tmp_path, now_s=1010.0)
+    assert not preloading.take_token(tmp_path, now_s=1010.0)
+    preloading.leave_tokens(tmp_path, 1, now_s=1000.0)
+    assert not preloading.take_token(tmp_path, now_s=1000.0 + preloading.TOKEN_TTL_S + 1)
+    preloading.leave_tokens(tmp_path, 1, now_s=2000.0)  # removes the expired one
+    assert len(list((tmp_path / preloading.TOKENS_DIR).iterdir())) == 1
+    assert not preloading.take_token(tmp_path / "no-such-session")
+
+
+def test_session_dir_from_the_workers_flags() -> None:
+    argv = ["w.py", "--temp-dir=/tmp/ray", "--session-name", "session_1"]
+    assert preloading.session_dir(argv) == Path("/tmp/ray/session_1")
+    assert preloading.session_dir(["w.py", "--temp-dir=/tmp/ray"]) is None
