@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import orjson
+from load_tests.harness.meta import write_cpu_bench
 
-from load_tests.harness.meta import run_meta
+PROG = "python -m load_tests.benchmarks.access_log"
 
 
 def _configure(logs_dir: str, access_log: bool) -> logging.Logger:
@@ -91,13 +89,7 @@ def main() -> None:
                 }
             )
             print(f"{name}: {statistics.median(runs):.2f} us CPU a request (median of {a.repeats})")
-    doc = {
-        "meta": run_meta("python -m load_tests.benchmarks.access_log"),
-        "host": {"cpus": os.cpu_count(), "machine": platform.machine()},
-        "calls_per_run": a.calls,
-        "rows": rows,
-    }
-    a.out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    write_cpu_bench(a.out, PROG, rows, calls_per_run=a.calls)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
 
-import orjson
-
-from load_tests.harness.meta import run_meta
+from load_tests.harness.meta import write_cpu_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = ROOT / "serve_app" / "models" / "minilm-skeleton" / "tokenizer.json"
@@ -47,6 +44,9 @@ for _ in range(batches):
 c1, w1 = cpu_s(), time.perf_counter()
 print(c1 - c0, w1 - w0, len(os.listdir("/proc/self/task")))
 """
+
+
+PROG = "python -m load_tests.benchmarks.tokenizer_threads"
 
 
 def measure(env_extra: dict[str, str], texts: int, batches: int) -> dict[str, float | int]:
@@ -83,13 +83,7 @@ def main() -> None:
                 f"{texts:3d} texts, {name}: {row['cpu_s_per_batch'] * 1e6:,.0f} us CPU a batch, "
                 f"{row['process_threads']} threads"
             )
-    doc = {
-        "meta": run_meta("python -m load_tests.benchmarks.tokenizer_threads"),
-        "host": {"cpus": os.cpu_count(), "machine": platform.machine()},
-        "batches": a.batches,
-        "rows": rows,
-    }
-    a.out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    write_cpu_bench(a.out, PROG, rows, batches=a.batches)
 
 
 if __name__ == "__main__":

@@ -131,3 +131,13 @@ def machine_info() -> dict[str, Any]:
     except ImportError:
         info["client_event_loop"] = "asyncio"
     return info
+
+
+def write_cpu_bench(path: Path, prog: str, rows: list[Any], **settings: Any) -> None:
+    """A CPU micro-benchmark's result at ``path``: its provenance (``run_meta``), the host's
+    CPUs, its settings and its rows."""
+    import orjson
+
+    host = {"cpus": os.cpu_count(), "machine": platform.machine()}
+    doc = {"meta": run_meta(prog), "host": host, **settings, "rows": rows}
+    path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
