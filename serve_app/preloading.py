@@ -39,13 +39,7 @@ TOKEN_TTL_S = 30.0
 def listed_after(argv: Sequence[str], me: str = __name__) -> list[str]:
     """The modules after ``me`` in the worker's preload list on its command line ([] when
     there is none, or ``me`` is not in it)."""
-    value = ""
-    for i, arg in enumerate(argv):
-        if arg.startswith(FLAG + "="):
-            value = arg.split("=", 1)[1]
-        elif arg == FLAG and i + 1 < len(argv):
-            value = argv[i + 1]
-    names = [n for n in value.split(",") if n]
+    names = [n for n in (_flag(argv, FLAG) or "").split(",") if n]
     return names[names.index(me) + 1 :] if me in names else []
 
 
