@@ -9,7 +9,6 @@ if its process dies; every replica posts again within ``REPORT_PERIOD_S``."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import ray
@@ -62,15 +61,7 @@ class RegistryHandle(Protocol):
 
 
 def get_registry() -> RegistryHandle:
-    """The cluster's registry actor, created on first use (by a worker that imports at the
-    lowest priority: nothing waits on it as on a replica; serve_app/preloading.py)."""
-    if not _exists():
-        from serve_app.preloading import leave_tokens
-        from serve_app.startup.ray_compat import session_dir
-
-        session = session_dir()
-        if session is not None:
-            leave_tokens(Path(session), 1)
+    """The cluster's registry actor, created on first use."""
     return cast(
         RegistryHandle,
         Registry.options(  # type: ignore[attr-defined]
@@ -82,11 +73,3 @@ def get_registry() -> RegistryHandle:
             resources={HEAD_NODE_RESOURCE: 0.001},
         ).remote(),
     )
-
-
-def _exists() -> bool:
-    try:
-        ray.get_actor(NAME, namespace=NAMESPACE)
-    except ValueError:  # Ray's answer for no such actor
-        return False
-    return True

@@ -114,28 +114,3 @@ def test_session_dir_from_the_workers_flags() -> None:
     argv = ["w.py", "--temp-dir=/tmp/ray", "--session-name", "session_1"]
     assert preloading.session_dir(argv) == Path("/tmp/ray/session_1")
     assert preloading.session_dir(["w.py", "--temp-dir=/tmp/ray"]) is None
-
-
-def test_the_registry_actors_worker_gets_a_token_once(tmp_path, monkeypatch) -> None:
-    import ray
-
-    from serve_app.serving import registry
-    from serve_app.startup import ray_compat
-
-    monkeypatch.setattr(ray_compat, "session_dir", lambda: str(tmp_path))
-
-    class Options:
-        def remote(self) -> str:
-            return "handle"
-
-    monkeypatch.setattr(registry.Registry, "options", lambda **_: Options())
-
-    def no_actor(*_a, **_k):
-        raise ValueError("no such actor")
-
-    monkeypatch.setattr(ray, "get_actor", no_actor)
-    assert registry.get_registry() == "handle"
-    assert len(list((tmp_path / preloading.TOKENS_DIR).iterdir())) == 1  # it is created now
-    monkeypatch.setattr(ray, "get_actor", lambda *_a, **_k: object())
-    registry.get_registry()
-    assert len(list((tmp_path / preloading.TOKENS_DIR).iterdir())) == 1  # it exists: none more
