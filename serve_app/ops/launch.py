@@ -302,6 +302,10 @@ def run(
         system_config=warmpool.system_config(*warmpool.app_settings(doc)),
         auth=auth,
     )
+    from serve_app.serving.registry import get_registry
+
+    # Now, not at the first replica's start: its worker's imports then end before serving does.
+    get_registry()
     deploy(doc)
     notes.append(
         f"Metrics (Prometheus): http://{DEFAULT_HOST}:{metrics_port()}/metrics "
