@@ -7,8 +7,9 @@ Ray Serve and serve_app: seconds each on the path of every scale-up and replacem
 mechanisms take them off it:
 
 - ``preload_python_modules``, a Ray system setting: every Python worker imports these modules
-  as it starts, before it waits in the pool (in a thread at a low priority, so that they yield
-  the cores to the replicas serving: serve_app/preloading.py). ``serve-app run`` sets it
+  as it starts, before it waits in the pool (a worker a replica asked for ahead of need, in a
+  thread at the lowest priority, so that its imports yield the cores to the replicas serving:
+  serve_app/preloading.py). ``serve-app run`` sets it
   (``system_config``); a cluster started with ``ray start`` takes it in ``--system-config``
   (``main`` prints it).
 - The raylet's PrestartWorkers call (``ray_compat.prestart_workers``), the one Ray's own
@@ -46,10 +47,10 @@ NEW_WORKER_WAIT_S = 3.0  # for the raylet's new workers to show among its childr
 # process. The raylet may start fewer than asked (it caps how many start at once), and then
 # the whole wait passes in these scans.
 NEW_WORKER_POLL_S = 0.1
-# First the module that imports the rest at a low priority (serve_app/preloading.py), then what
+# First the module that imports the rest at the lowest priority in a warm worker, then what
 # every replica imports, then what each adapter adds; serve_app.preloaded last (its import time
 # marks the end of the preload).
-NICED_MODULE = "serve_app.preloading"
+LOW_PRIORITY_MODULE = "serve_app.preloading"
 BASE_MODULES = ("torch", ray_compat.SERVE_REPLICA_MODULE, "serve_app.serving.replica")
 ADAPTER_MODULES = {
     "embeddings": ("serve_app.adapters.embeddings",),
@@ -62,7 +63,7 @@ MARKER_MODULE = "serve_app.preloaded"
 
 def preload_modules(adapters: Iterable[str]) -> list[str]:
     """The modules a Ray worker should import as it starts, for replicas of ``adapters``."""
-    modules = [NICED_MODULE, *BASE_MODULES]
+    modules = [LOW_PRIORITY_MODULE, *BASE_MODULES]
     for kind in sorted(set(adapters)):
         modules.extend(m for m in ADAPTER_MODULES.get(kind, ()) if m not in modules)
     modules.append(MARKER_MODULE)
