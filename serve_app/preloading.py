@@ -21,19 +21,15 @@ import importlib
 import os
 import sys
 import threading
-import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+# Never serve_app.startup.warmpool (or any module of the preload list): while this module runs,
+# its import lock is held, and the import thread would wait on it forever.
+from serve_app.startup.warmtokens import take_token
+
 FLAG = "--worker-preload-modules"  # how the raylet gives default_worker.py the list
-# A replica that asks the raylet for warm workers leaves a token each in Ray's session
-# directory first (warmpool.Keeper); a worker that takes one imports at the lowest priority.
-# Workers Ray starts for an actor waiting now (Serve's controller and proxy, a replica with no
-# warm worker left) find none and import as Ray does, at their own priority: at the lowest,
-# one of them missed Serve's start-up deadline while the node's daemons kept the core busy.
-TOKENS_DIR = "serve_app_warm_tokens"
-TOKEN_TTL_S = 30.0
+JOIN_TIMEOUT_S = 120.0
 
 
 def listed_after(argv: Sequence[str], me: str = __name__) -> list[str]:
@@ -56,45 +52,6 @@ def session_dir(argv: Sequence[str]) -> Path | None:
     """Ray's session directory from a worker's command line (``--temp-dir``, ``--session-name``)."""
     temp_dir, session = _flag(argv, "--temp-dir"), _flag(argv, "--session-name")
     return Path(temp_dir) / session if temp_dir and session else None
-
-
-def leave_tokens(session: Path, count: int, now_s: float | None = None) -> None:
-    """``count`` tokens for the workers about to be asked for, good for TOKEN_TTL_S; expired
-    ones (their workers never came, or came for something else) are removed."""
-    now_s = time.time() if now_s is None else now_s
-    tokens = session / TOKENS_DIR
-    tokens.mkdir(exist_ok=True)
-    for old in tokens.iterdir():
-        if _expiry_s(old.name) < now_s:
-            old.unlink(missing_ok=True)
-    expiry_ms = int((now_s + TOKEN_TTL_S) * 1000)
-    for _ in range(count):
-        (tokens / f"{expiry_ms}-{uuid.uuid4().hex}").touch()
-
-
-def take_token(session: Path, now_s: float | None = None) -> bool:
-    """Take one unexpired token (unlinking it: one worker each); False when there is none."""
-    now_s = time.time() if now_s is None else now_s
-    try:
-        names = sorted(os.listdir(session / TOKENS_DIR))
-    except OSError:
-        return False
-    for name in names:
-        if _expiry_s(name) < now_s:
-            continue
-        try:
-            os.unlink(session / TOKENS_DIR / name)
-            return True
-        except FileNotFoundError:  # another new worker took it first
-            continue
-    return False
-
-
-def _expiry_s(name: str) -> float:
-    try:
-        return int(name.split("-", 1)[0]) / 1000
-    except ValueError:
-        return 0.0
 
 
 def _threads() -> set[int]:
@@ -138,7 +95,9 @@ def preload_low(names: Sequence[str]) -> str:
     worker = threading.Thread(target=_import_low, args=(names, said), name="preload-low")
     worker.daemon = True
     worker.start()
-    worker.join()
+    # Bounded: were an import in the thread ever to need this module, it would wait on this
+    # import's lock; past the bound Ray's own imports go on here and the lock is let go.
+    worker.join(timeout=JOIN_TIMEOUT_S)
     tid = threading.get_native_id()
     policy, nice = os.sched_getscheduler(tid), os.getpriority(os.PRIO_PROCESS, tid)
     for started in _threads() - before:

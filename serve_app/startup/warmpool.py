@@ -34,8 +34,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TypedDict
 
-from serve_app.preloading import leave_tokens
 from serve_app.startup import ray_compat
+from serve_app.startup.warmtokens import leave_tokens
 
 logger = logging.getLogger("serve_app")
 

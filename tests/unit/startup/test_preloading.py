@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from serve_app import preloading
+from serve_app.startup import warmtokens
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -59,11 +60,11 @@ POLICY = os.sched_getscheduler(threading.get_native_id())
 """
 
 
-def run_child(tmp_path: Path, modules: str, tokens: int) -> dict:
+def run_child(tmp_path: Path, modules: str, tokens: int, timeout_s: float = 120.0) -> dict:
     (tmp_path / "nice_probe.py").write_text(PROBE)
     session = tmp_path / "session_test"
     session.mkdir(exist_ok=True)
-    preloading.leave_tokens(session, tokens)
+    warmtokens.leave_tokens(session, tokens)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     out = subprocess.run(
         [sys.executable, "-c", CHILD, modules, str(tmp_path)],
@@ -71,13 +72,14 @@ def run_child(tmp_path: Path, modules: str, tokens: int) -> dict:
         text=True,
         env=env,
         check=True,
+        timeout=timeout_s,
     )
     return json.loads(out.stdout)
 
 
 def test_a_warm_worker_imports_at_idle_priority_and_its_main_thread_does_not(tmp_path) -> None:
     got = run_child(tmp_path, "serve_app.preloading,nice_probe,json", tokens=1)
-    assert list((tmp_path / "session_test" / preloading.TOKENS_DIR).iterdir()) == []  # taken
+    assert list((tmp_path / "session_test" / warmtokens.TOKENS_DIR).iterdir()) == []  # taken
     assert got["lowered"] == "SCHED_IDLE"
     assert (got["probe_thread"], got["probe_policy"]) == ("preload-low", os.SCHED_IDLE)
     assert got["main_policy"] == os.sched_getscheduler(0)  # this test's own: untouched
@@ -99,18 +101,28 @@ def test_control_without_the_module_the_main_thread_imports(tmp_path) -> None:
 
 
 def test_tokens_one_each_and_expired_ones_neither_taken_nor_kept(tmp_path) -> None:
-    preloading.leave_tokens(tmp_path, 2, now_s=1000.0)
-    assert preloading.take_token(tmp_path, now_s=1010.0)
-    assert preloading.take_token(tmp_path, now_s=1010.0)
-    assert not preloading.take_token(tmp_path, now_s=1010.0)
-    preloading.leave_tokens(tmp_path, 1, now_s=1000.0)
-    assert not preloading.take_token(tmp_path, now_s=1000.0 + preloading.TOKEN_TTL_S + 1)
-    preloading.leave_tokens(tmp_path, 1, now_s=2000.0)  # removes the expired one
-    assert len(list((tmp_path / preloading.TOKENS_DIR).iterdir())) == 1
-    assert not preloading.take_token(tmp_path / "no-such-session")
+    warmtokens.leave_tokens(tmp_path, 2, now_s=1000.0)
+    assert warmtokens.take_token(tmp_path, now_s=1010.0)
+    assert warmtokens.take_token(tmp_path, now_s=1010.0)
+    assert not warmtokens.take_token(tmp_path, now_s=1010.0)
+    warmtokens.leave_tokens(tmp_path, 1, now_s=1000.0)
+    assert not warmtokens.take_token(tmp_path, now_s=1000.0 + warmtokens.TOKEN_TTL_S + 1)
+    warmtokens.leave_tokens(tmp_path, 1, now_s=2000.0)  # removes the expired one
+    assert len(list((tmp_path / warmtokens.TOKENS_DIR).iterdir())) == 1
+    assert not warmtokens.take_token(tmp_path / "no-such-session")
 
 
 def test_session_dir_from_the_workers_flags() -> None:
     argv = ["w.py", "--temp-dir=/tmp/ray", "--session-name", "session_1"]
     assert preloading.session_dir(argv) == Path("/tmp/ray/session_1")
     assert preloading.session_dir(["w.py", "--temp-dir=/tmp/ray"]) is None
+
+
+def test_the_real_preload_list_finishes_in_the_low_thread(tmp_path) -> None:
+    # warmpool is in it and once imported serve_app.preloading, whose import lock the main
+    # thread holds while it waits: the thread waited on it for good (every warm worker hung)
+    from serve_app.startup import warmpool
+
+    modules = ",".join([*warmpool.preload_modules(["embeddings"]), "nice_probe"])
+    got = run_child(tmp_path, modules, tokens=1, timeout_s=60.0)
+    assert got["lowered"] == "SCHED_IDLE" and got["probe_thread"] == "preload-low"
