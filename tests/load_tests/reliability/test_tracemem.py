@@ -60,14 +60,17 @@ def test_analyse_splits_growth_into_serve_app_and_the_rest(tmp_path: Path) -> No
 
 
 def test_process_counts_see_objects_and_threads_grow() -> None:
+    import gc
     import threading
 
+    gc.collect()  # garbage other tests left would be freed between the readings otherwise
     before = tracemem.process_counts()
     held = [[i] for i in range(20_000)]  # 20,000 gc-tracked lists, each a pymalloc block
     stop = threading.Event()
     worker = threading.Thread(target=stop.wait)
     worker.start()
     try:
+        gc.collect()
         after = tracemem.process_counts()
     finally:
         stop.set()
