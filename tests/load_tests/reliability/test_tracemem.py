@@ -59,24 +59,35 @@ def test_analyse_splits_growth_into_serve_app_and_the_rest(tmp_path: Path) -> No
     assert any(s["frames"][-1].startswith("/venv/site-packages/ray/") for s in e["top"])
 
 
-def test_process_counts_see_objects_and_threads_grow() -> None:
-    import gc
-    import threading
+# In a fresh process: in pytest's, other tests' objects come and go between the readings.
+COUNTS_CHILD = """
+import json, threading
+from load_tests.reliability import tracemem
+before = tracemem.process_counts()
+held = [[i] for i in range(20_000)]  # 20,000 gc-tracked lists, each a pymalloc block
+stop = threading.Event()
+worker = threading.Thread(target=stop.wait)
+worker.start()
+after = tracemem.process_counts()
+stop.set()
+worker.join()
+print(json.dumps({"before": before, "after": after}))
+"""
 
-    gc.collect()  # garbage other tests left would be freed between the readings otherwise
-    before = tracemem.process_counts()
-    held = [[i] for i in range(20_000)]  # 20,000 gc-tracked lists, each a pymalloc block
-    stop = threading.Event()
-    worker = threading.Thread(target=stop.wait)
-    worker.start()
-    try:
-        gc.collect()
-        after = tracemem.process_counts()
-    finally:
-        stop.set()
-        worker.join()
+
+def test_process_counts_see_objects_and_threads_grow() -> None:
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    out = subprocess.run(
+        [sys.executable, "-c", COUNTS_CHILD], capture_output=True, text=True, env=env, check=True
+    )
+    got = json.loads(out.stdout)
+    before, after = got["before"], got["after"]
     assert after["gc_objects"] - before["gc_objects"] >= 20_000
     assert after["py_allocated_blocks"] - before["py_allocated_blocks"] >= 20_000
     assert after["threads"] == before["threads"] + 1
     assert not any(k.startswith("pinned_") for k in after)  # no CUDA in this process
-    del held
