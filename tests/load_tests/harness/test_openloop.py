@@ -77,7 +77,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         self.rfile.read(int(self.headers.get("content-length", 0)))
-        code, body = (200, b"{}") if self.path == "/ok" else (503, b"overloaded, retry")
+        if self.path == "/slow":
+            time.sleep(3.0)
+        code, body = (200, b"{}") if self.path in ("/ok", "/slow") else (503, b"overloaded, retry")
         self.send_response(code)
         self.send_header("content-length", str(len(body)))
         self.end_headers()
@@ -114,9 +116,10 @@ def test_a_job_runs_until_told_to_stop_and_reports_progress(server: str, tmp_pat
             duration_s=60.0,
             warmup_s=0.0,
             connections=8,
-            timeout_s=5.0,
+            timeout_s=30.0,
             max_in_flight=64,
             stop_path=stop,
+            drain_s=30.0,  # a loaded CI host once left 16 unanswered after a 3 s drain
         )
         deadline = time.monotonic() + 10.0
         while read_progress(progress)["ok"] < 40 and time.monotonic() < deadline:
@@ -152,5 +155,33 @@ def test_a_job_runs_until_told_to_stop_and_reports_progress(server: str, tmp_pat
         assert summary["error_counts"].get("status", 0) >= 5
         assert len(samples) == 5 and all(s.startswith("503: ") for s in samples), samples
         assert "overloaded" in samples[0]
+    finally:
+        pool.close()
+
+
+def test_unanswered_after_the_drain_count_as_failed(server: str, tmp_path: Path) -> None:
+    """Cut at the drain's end, they are timeouts in the records and failed in the progress."""
+    body = tmp_path / "body.json"
+    body.write_text("{}")
+    pool = OpenLoopPool(sorted(os.sched_getaffinity(0))[:1], 1, tmp_path)
+    try:
+        progress = pool.submit(
+            f"{server}/slow",
+            {},
+            body,
+            rate_per_s=20.0,
+            duration_s=0.5,
+            warmup_s=0.0,
+            connections=16,
+            timeout_s=30.0,
+            max_in_flight=64,
+            drain_s=0.5,
+        )
+        summary = pool.collect()
+        rows = pool.last_arrays[0]
+        final = read_progress(progress)
+        assert final["sent"] == rows.shape[1] >= 5 and final["ok"] == 0
+        assert final["failed"] == final["sent"] and final["in_flight"] == 0
+        assert summary["error_counts"] == {"timeout": rows.shape[1]}
     finally:
         pool.close()
