@@ -14,6 +14,7 @@ import torch
 
 from serve_app.gpu.partition import PartitionFigures
 from serve_app.serving.batcher import Batcher
+from serve_app.serving.gcwatch import GcFigures
 from serve_app.startup.pipeline import Started
 from serve_app.startup.warmpool import PoolReport
 
@@ -101,6 +102,7 @@ class ReplicaReport(PartitionFigures):
     rejected_requests: int
     expired_requests: int
     reported_at_s: float
+    gc: GcFigures | None  # collections and their pauses by generation (serving/gcwatch)
 
 
 def replica_report(
@@ -165,4 +167,5 @@ def replica_report(
         rejected_requests=batcher.rejected_requests,
         expired_requests=batcher.expired_requests,
         reported_at_s=time.time(),
+        gc=started.gc.describe() if started.gc else None,
     )

@@ -23,6 +23,7 @@ from serve_app.gpu.capping import start_partition
 from serve_app.gpu.graphs import graph_batch_limit
 from serve_app.gpu.partition import Partition
 from serve_app.gpu.snapshot import is_torch_oom
+from serve_app.serving.gcwatch import GcWatch
 from serve_app.startup.calibration import BatchCap, check_batch_cap_source, initial_batch_cap
 from serve_app.startup.capture import capture_graphs
 from serve_app.startup.warmup import WarmUp, batch_size_key, run_fits, warm_up
@@ -48,6 +49,7 @@ class Started:
             a warm worker, when the replica's own start began.
         preloaded: the replica started in a warm worker (warmpool).
         waited_s: in a warm worker, from the end of its preload to the replica's first phase.
+        gc: the collector's pauses from here on (gcwatch).
     """
 
     partition: Partition
@@ -59,6 +61,7 @@ class Started:
     imports_started_s: float
     preloaded: bool = False
     waited_s: float | None = None
+    gc: GcWatch | None = None
 
 
 def start_replica(args: AppArgs, num_gpus: float) -> Started:
@@ -120,6 +123,7 @@ def start_replica(args: AppArgs, num_gpus: float) -> Started:
         imports_started_s=phases.imports_started_s,
         preloaded=phases.preloaded,
         waited_s=phases.waited_s,
+        gc=GcWatch(),
     )
 
 

@@ -1,0 +1,66 @@
+"""Python's garbage collector in a replica: every collection's pause, by generation.
+
+A replica's heap after start-up (torch, Ray, Serve, the model's Python objects) holds hundreds
+of thousands of container objects. Ray Serve collects once and freezes them at the end of a
+replica's initialisation (``RAY_SERVE_FREEZE_GC_ON_STARTUP``, on by default), so that later
+collections walk only what serving allocates; a full collection of the unfrozen heap would
+stall the event loop and the model thread for hundreds of milliseconds. ``GcWatch`` times each
+collection through ``gc.callbacks``, so the replica's report (``/v1/memory``) shows what the
+collector costs while it serves, and whether the heap was frozen.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from typing import Any, TypedDict
+
+
+class GcFigures(TypedDict):
+    """Collections since the watch began: per generation (0, 1, 2) the count, the seconds they
+    took and the longest; the objects in the permanent generation now (``gc.freeze``)."""
+
+    collections: list[int]
+    pause_s: list[float]
+    max_pause_s: list[float]
+    frozen_objects: int
+
+
+class GcWatch:
+    """Times each collection (``gc.callbacks`` run under the GIL, at a collection's start and
+    end, in the thread that triggered it). ``close`` removes the callback."""
+
+    def __init__(self) -> None:
+        self.collections = [0, 0, 0]
+        self.pause_s = [0.0, 0.0, 0.0]
+        self.max_pause_s = [0.0, 0.0, 0.0]
+        self._started: dict[int, float] = {}  # thread id -> start of its collection
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        key = threading.get_ident()
+        if phase == "start":
+            self._started[key] = time.perf_counter()
+            return
+        t0 = self._started.pop(key, None)
+        gen = int(info.get("generation", 2))
+        if t0 is None or not 0 <= gen <= 2:
+            return
+        took_s = time.perf_counter() - t0
+        self.collections[gen] += 1
+        self.pause_s[gen] += took_s
+        if took_s > self.max_pause_s[gen]:
+            self.max_pause_s[gen] = took_s
+
+    def describe(self) -> GcFigures:
+        return GcFigures(
+            collections=list(self.collections),
+            pause_s=[round(s, 6) for s in self.pause_s],
+            max_pause_s=[round(s, 6) for s in self.max_pause_s],
+            frozen_objects=gc.get_freeze_count(),
+        )
+
+    def close(self) -> None:
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
