@@ -31,7 +31,7 @@ from load_tests.benchmarks.startup.probes import first_200
 from load_tests.benchmarks.startup.rows import cold_config
 from load_tests.benchmarks.throughput.options import parse_cores
 from load_tests.benchmarks.throughput.payload import model_payload
-from load_tests.benchmarks.throughput.proccpu import ServerCpu
+from load_tests.benchmarks.throughput.proccpu import ProcCpu, ServerCpu
 from load_tests.harness.meta import PROVENANCE_HELP, ROOT, run_meta
 from load_tests.harness.nvml import BudgetWatch
 from load_tests.harness.wrk import WrkTarget, find_wrk, pin_prefix, run_wrk
@@ -53,35 +53,44 @@ def window_verdict(windows: list[dict[str, Any]], max_ratio: float) -> dict[str,
     return {"ok": ok, "why": why, "p99_ratio": round(ratio, 3) if ratio else None, "errors": errors}
 
 
-def process_cpu(root: int) -> dict[int, tuple[str, float]]:
-    """pid -> (title, user + system CPU seconds) of ``root`` and its descendants."""
-    import psutil
+def replica_gc(url: str) -> dict[str, dict[str, Any]]:
+    """Each replica's garbage-collector figures (``gc`` in ``GET /v1/memory``), by replica id;
+    empty when the report cannot be read."""
+    import httpx
 
-    out: dict[int, tuple[str, float]] = {}
     try:
-        procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
-    except psutil.Error:
-        return out
-    for p in procs:
-        try:
-            with p.oneshot():
-                title = " ".join(p.cmdline())[:80] or p.name()
-                t = p.cpu_times()
-            out[p.pid] = (title, float(t.user + t.system))
-        except psutil.Error:
-            continue
-    return out
+        reps = httpx.get(f"{url}/v1/memory", timeout=10.0).json().get("replicas", [])
+    except (httpx.HTTPError, ValueError):
+        return {}
+    return {r["replica_id"]: r["gc"] for r in reps if r.get("gc")}
+
+
+def gc_during(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> dict:
+    """Collections by generation (0, 1, 2) between two ``replica_gc`` readings, and their
+    seconds, summed over the replicas in both."""
+    common = [k for k in after if k in before]
+
+    def delta(key: str, g: int) -> float:
+        return sum(after[k][key][g] - before[k][key][g] for k in common)
+
+    return {
+        "replicas": len(common),
+        "collections": [int(delta("collections", g)) for g in range(3)],
+        "pause_s": [round(delta("pause_s", g), 4) for g in range(3)],
+    }
 
 
 def top_processes(
-    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], n: int = 6
+    before: dict[int, ProcCpu], after: dict[int, ProcCpu], n: int = 6
 ) -> list[dict[str, Any]]:
-    """The ``n`` processes that used the most CPU between two ``process_cpu`` readings (one
-    that started in between counts whole)."""
-    used = [
-        {"pid": pid, "title": title, "cpu_s": round(cpu_s - before.get(pid, (title, 0.0))[1], 3)}
-        for pid, (title, cpu_s) in after.items()
-    ]
+    """The ``n`` processes that used the most CPU between two snapshots (``ServerCpu.last``;
+    one that started in between counts whole)."""
+    used = []
+    for pid, a in after.items():
+        b = before.get(pid)
+        same = b is not None and abs(b.create_time_s - a.create_time_s) < 0.5
+        cpu_s = a.cpu_s - b.cpu_s if same and b is not None else a.cpu_s
+        used.append({"pid": pid, "title": a.title, "kind": a.kind, "cpu_s": round(cpu_s, 3)})
     return sorted(used, key=lambda u: -u["cpu_s"])[:n]
 
 
@@ -115,7 +124,7 @@ def one_start(a: argparse.Namespace, doc: dict[str, Any], work: Path, repeat: in
             started_s = time.monotonic() - ready_at
             cpu = ServerCpu([proc.pid])  # the CLI's tree: Ray's daemons, workers, HAProxy
             cpu.start()
-            procs_before = process_cpu(proc.pid)
+            gc_before = replica_gc(url)
             w = run_wrk(
                 a.wrk,
                 target,
@@ -126,7 +135,8 @@ def one_start(a: argparse.Namespace, doc: dict[str, Any], work: Path, repeat: in
                 work_dir=work,
             )
             w["server_cpu"] = cpu.stop(int(w.get("requests", 0)))
-            w["top_processes"] = top_processes(procs_before, process_cpu(proc.pid))
+            w["top_processes"] = top_processes(*cpu.last)
+            w["gc"] = gc_during(gc_before, replica_gc(url))
             row["windows"].append({"window": i, "started_after_ready_s": round(started_s, 3), **w})
             if "error" not in w:
                 print(
@@ -134,7 +144,7 @@ def one_start(a: argparse.Namespace, doc: dict[str, Any], work: Path, repeat: in
                     f"req/s, p50 {w['p50_ms']:.1f} ms, p99 {w['p99_ms']:.1f} ms, "
                     f"{w['errors']} errors; server cores busy "
                     f"{w['server_cpu']['server_cores_busy']} "
-                    f"{w['server_cpu']['server_cpu_s_by_kind']}",
+                    f"{w['server_cpu']['server_cpu_s_by_kind']}; gc {w['gc']}",
                     flush=True,
                 )
         row["verdict"] = window_verdict(row["windows"], a.max_ratio)

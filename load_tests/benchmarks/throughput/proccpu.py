@@ -83,6 +83,7 @@ class ProcCpu:
     kind: str
     cpu_s: float
     create_time_s: float
+    title: str = ""  # its command line's start, or its name (first_seconds' busiest processes)
 
 
 def snapshot(
@@ -121,7 +122,8 @@ def snapshot(
             if name in CLIENT_NAMES:
                 continue
             kind = classify(name, cmdline, litserve=p.pid in lit)
-            out[p.pid] = ProcCpu(p.pid, kind, float(t.user + t.system), float(created))
+            title = " ".join(cmdline)[:80] or name
+            out[p.pid] = ProcCpu(p.pid, kind, float(t.user + t.system), float(created), title)
     return out
 
 
@@ -245,6 +247,7 @@ class ServerCpu:
         self.roots, self.exclude = list(roots), list(exclude)
         self.litserve_roots, self.count_roots = list(litserve_roots), count_roots
         self._before: dict[int, ProcCpu] = {}
+        self.last: tuple[dict[int, ProcCpu], dict[int, ProcCpu]] = ({}, {})  # stop's snapshots
         self._t0 = 0.0  # on psutil's clock (psutil_now_s), as process start times are
 
     def snapshot(self) -> dict[int, ProcCpu]:
@@ -257,4 +260,5 @@ class ServerCpu:
     def stop(self, requests: int) -> dict[str, Any]:
         after = self.snapshot()
         window_s = psutil_now_s() - self._t0
+        self.last = (self._before, after)
         return per_1000_requests(cpu_delta(self._before, after, self._t0), requests, window_s)

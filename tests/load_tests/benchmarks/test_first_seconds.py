@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 
-from load_tests.benchmarks.first_seconds import process_cpu, top_processes, window_verdict
+from load_tests.benchmarks.first_seconds import top_processes, window_verdict
+from load_tests.benchmarks.throughput.proccpu import ProcCpu, ServerCpu
 
 
 def window(p99_ms: float, errors: int = 0) -> dict:
@@ -26,16 +27,42 @@ def test_a_window_that_did_not_run_fails_the_verdict() -> None:
     assert got == {"ok": False, "why": "a window did not run", "p99_ratio": None}
 
 
-def test_top_processes_by_cpu_between_readings() -> None:
-    before = {1: ("replica", 10.0), 2: ("idle worker", 1.0)}
-    after = {1: ("replica", 12.5), 2: ("idle worker", 4.0), 3: ("new", 0.5)}
-    got = top_processes(before, after, n=2)
+def test_top_processes_by_cpu_between_snapshots() -> None:
+    def proc(pid: int, title: str, cpu_s: float, created_s: float = 900.0) -> ProcCpu:
+        return ProcCpu(pid, "other", cpu_s, created_s, title)
+
+    before = {1: proc(1, "replica", 10.0), 2: proc(2, "idle worker", 1.0), 4: proc(4, "x", 9.0)}
+    after = {
+        1: proc(1, "replica", 12.5),
+        2: proc(2, "idle worker", 4.0),
+        3: proc(3, "new", 0.5, 1001.0),
+        4: proc(4, "reused pid", 2.75, 1002.0),  # a new process under an old pid: whole
+    }
+    got = top_processes(before, after, n=3)
     assert got == [
-        {"pid": 2, "title": "idle worker", "cpu_s": 3.0},
-        {"pid": 1, "title": "replica", "cpu_s": 2.5},
+        {"pid": 2, "title": "idle worker", "kind": "other", "cpu_s": 3.0},
+        {"pid": 4, "title": "reused pid", "kind": "other", "cpu_s": 2.75},
+        {"pid": 1, "title": "replica", "kind": "other", "cpu_s": 2.5},
     ]
 
 
-def test_process_cpu_reads_this_process() -> None:
-    mine = process_cpu(os.getpid())
-    assert os.getpid() in mine and mine[os.getpid()][1] > 0
+def test_server_cpu_keeps_its_snapshots_with_the_titles() -> None:
+    cpu = ServerCpu([os.getpid()])
+    cpu.start()
+    sum(i * i for i in range(200_000))
+    cpu.stop(1)
+    before, after = cpu.last
+    mine = after[os.getpid()]
+    assert os.getpid() in before and mine.title and mine.cpu_s >= before[os.getpid()].cpu_s
+
+
+def test_gc_during_sums_the_replicas_collections_between_two_readings() -> None:
+    from load_tests.benchmarks.first_seconds import gc_during
+
+    def fig(c: list[int], p: list[float]) -> dict:
+        return {"collections": c, "pause_s": p, "max_pause_s": p, "frozen_objects": 9}
+
+    before = {"a": fig([10, 1, 0], [0.01, 0.001, 0.0]), "gone": fig([5, 0, 0], [0.1, 0, 0])}
+    after = {"a": fig([30, 3, 1], [0.03, 0.002, 0.5]), "b": fig([4, 0, 0], [0.004, 0, 0])}
+    got = gc_during(before, after)
+    assert got == {"replicas": 1, "collections": [20, 2, 1], "pause_s": [0.02, 0.001, 0.5]}
