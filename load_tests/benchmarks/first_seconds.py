@@ -6,7 +6,10 @@ requests/s, errors and latency percentiles. Issue 28's target: the first window'
 port, the same calibration cache: a restart as users see it). On a GPU, NVML per process is
 judged against each replica's budget from the start (BudgetWatch), and each window records the
 server's CPU seconds by kind of process (replicas, HAProxy, Serve's control plane, Ray's
-daemons, the rest: proccpu.py), which says what else is busy while the first window is slow.
+daemons, the rest: proccpu.py), which says what else is busy while the first window is slow,
+and what the replicas did meanwhile (garbage collections, start-up work still left: /v1/memory).
+Before the starts, one window of the same wrk against HAProxy's static no-op on the server's
+cores gives the client's own ceiling (``client_ceiling``, with its headroom over the windows).
 
     python -m load_tests.benchmarks.first_seconds --device cuda --replicas 4 --out first.json
     python -m load_tests.benchmarks.first_seconds --device cpu --replicas 1 --out first.json
@@ -53,30 +56,41 @@ def window_verdict(windows: list[dict[str, Any]], max_ratio: float) -> dict[str,
     return {"ok": ok, "why": why, "p99_ratio": round(ratio, 3) if ratio else None, "errors": errors}
 
 
-def replica_gc(url: str) -> dict[str, dict[str, Any]]:
-    """Each replica's garbage-collector figures (``gc`` in ``GET /v1/memory``), by replica id;
-    empty when the report cannot be read."""
+# What a window's replicas still had of their start-up work (idle.LeftoverStartup), by report
+# field: graph captures between batches under load stall a replica's queue (up to
+# idle.WANTED_CAPTURE_S a step).
+LEFTOVER_FIELDS = ("cuda_graphs", "cuda_graphs_pending", "warmup_pending")
+
+
+def replica_reports(url: str) -> dict[str, dict[str, Any]]:
+    """Each replica's report (``GET /v1/memory``) by replica id; empty when unreadable."""
     import httpx
 
     try:
         reps = httpx.get(f"{url}/v1/memory", timeout=10.0).json().get("replicas", [])
     except (httpx.HTTPError, ValueError):
         return {}
-    return {r["replica_id"]: r["gc"] for r in reps if r.get("gc")}
+    return {r["replica_id"]: r for r in reps if "replica_id" in r}
 
 
-def gc_during(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> dict:
-    """Collections by generation (0, 1, 2) between two ``replica_gc`` readings, and their
-    seconds, summed over the replicas in both."""
-    common = [k for k in after if k in before]
+def during(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> dict:
+    """Between two ``replica_reports`` readings, summed over the replicas in both: garbage
+    collections by generation (0, 1, 2) and their seconds, and the start-up work left
+    (``LEFTOVER_FIELDS``) at each end. The reports refresh once a second (REPORT_PERIOD_S)."""
+    common = [k for k in after if k in before and before[k].get("gc") and after[k].get("gc")]
 
     def delta(key: str, g: int) -> float:
-        return sum(after[k][key][g] - before[k][key][g] for k in common)
+        return sum(after[k]["gc"][key][g] - before[k]["gc"][key][g] for k in common)
+
+    def total(reports: dict[str, dict[str, Any]], key: str) -> int:
+        return sum(int(reports[k].get(key) or 0) for k in common)
 
     return {
         "replicas": len(common),
-        "collections": [int(delta("collections", g)) for g in range(3)],
-        "pause_s": [round(delta("pause_s", g), 4) for g in range(3)],
+        "gc_collections": [int(delta("collections", g)) for g in range(3)],
+        "gc_pause_s": [round(delta("pause_s", g), 4) for g in range(3)],
+        "before": {key: total(before, key) for key in LEFTOVER_FIELDS},
+        "after": {key: total(after, key) for key in LEFTOVER_FIELDS},
     }
 
 
@@ -92,6 +106,31 @@ def top_processes(
         cpu_s = a.cpu_s - b.cpu_s if same and b is not None else a.cpu_s
         used.append({"pid": pid, "title": a.title, "kind": a.kind, "cpu_s": round(cpu_s, 3)})
     return sorted(used, key=lambda u: -u["cpu_s"])[:n]
+
+
+def client_ceiling(a: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """wrk as the windows run it (connections, threads, cores, body, one window's seconds)
+    against HAProxy's static no-op on the server's cores, answering with a body of the
+    model's answer's size: the most this client carries, beside the windows' figures."""
+    from load_tests.benchmarks.throughput.noop_server import NoopHAProxy
+
+    payload = model_payload("minilm", a.inputs_per_request, workload=a.workload)
+    server = NoopHAProxy(a.server_cores, [payload], work)
+    try:
+        target = WrkTarget(server.url_for(payload), payload.headers, payload.write(work))
+        w = run_wrk(
+            a.wrk,
+            target,
+            connections=a.connections,
+            threads=a.threads,
+            duration_s=a.window_s,
+            cores=a.client_cores,
+            work_dir=work,
+        )
+    finally:
+        server.stop()
+    keep = ("requests_per_s", "p50_ms", "p99_ms", "errors", "command")
+    return {"server": "haproxy-static-noop", **{k: w.get(k) for k in keep}}
 
 
 def one_start(a: argparse.Namespace, doc: dict[str, Any], work: Path, repeat: int) -> dict:
@@ -124,7 +163,7 @@ def one_start(a: argparse.Namespace, doc: dict[str, Any], work: Path, repeat: in
             started_s = time.monotonic() - ready_at
             cpu = ServerCpu([proc.pid])  # the CLI's tree: Ray's daemons, workers, HAProxy
             cpu.start()
-            gc_before = replica_gc(url)
+            reports_before = replica_reports(url)
             w = run_wrk(
                 a.wrk,
                 target,
@@ -136,7 +175,7 @@ def one_start(a: argparse.Namespace, doc: dict[str, Any], work: Path, repeat: in
             )
             w["server_cpu"] = cpu.stop(int(w.get("requests", 0)))
             w["top_processes"] = top_processes(*cpu.last)
-            w["gc"] = gc_during(gc_before, replica_gc(url))
+            w["replicas"] = during(reports_before, replica_reports(url))
             row["windows"].append({"window": i, "started_after_ready_s": round(started_s, 3), **w})
             if "error" not in w:
                 print(
@@ -144,7 +183,7 @@ def one_start(a: argparse.Namespace, doc: dict[str, Any], work: Path, repeat: in
                     f"req/s, p50 {w['p50_ms']:.1f} ms, p99 {w['p99_ms']:.1f} ms, "
                     f"{w['errors']} errors; server cores busy "
                     f"{w['server_cpu']['server_cores_busy']} "
-                    f"{w['server_cpu']['server_cpu_s_by_kind']}; gc {w['gc']}",
+                    f"{w['server_cpu']['server_cpu_s_by_kind']}; replicas {w['replicas']}",
                     flush=True,
                 )
         row["verdict"] = window_verdict(row["windows"], a.max_ratio)
@@ -192,13 +231,22 @@ def main(argv: list[str] | None = None) -> int:
     doc = cold_config(base, a.device, a.replicas, work / "calibration-cache")
     if a.warm_workers is not None:
         doc["applications"][0]["args"]["warm_workers"] = a.warm_workers
+    ceiling = client_ceiling(a, work)
+    print(f"client ceiling (wrk against HAProxy's no-op): {ceiling['requests_per_s']} req/s")
     rows = [one_start(a, doc, work, r) for r in range(a.repeats)]
+    carried = [w.get("requests_per_s") or 0.0 for r in rows for w in r.get("windows", [])]
+    ceiling["headroom"] = (
+        round(ceiling["requests_per_s"] / max(carried), 2)
+        if carried and max(carried) > 0 and ceiling.get("requests_per_s")
+        else None
+    )
     verdicts = [r.get("verdict", {"ok": False}) for r in rows]
     violations = sum(int(r.get("budget_watch", {}).get("budget_violations", 0)) for r in rows)
     result = {
         "meta": run_meta(PROG, argv),
         "config": doc,
         "args": {k: v for k, v in vars(a).items() if k not in ("out",)} | {"out": str(a.out)},
+        "client_ceiling": ceiling,
         "rows": rows,
         "all_ok": all(v["ok"] for v in verdicts) and violations == 0,
         "budget_violations": violations,
@@ -208,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         said = r.get("verdict") or r.get("note")
         print(f"repeat {r['repeat']}: ready after {r.get('ready_s')} s; {said}")
+    print(f"client headroom {ceiling['headroom']}x the busiest window")
     print(f"all_ok {result['all_ok']}; budget violations {violations}; wrote {a.out}")
     return 0 if result["all_ok"] else 1
 

@@ -56,13 +56,20 @@ def test_server_cpu_keeps_its_snapshots_with_the_titles() -> None:
     assert os.getpid() in before and mine.title and mine.cpu_s >= before[os.getpid()].cpu_s
 
 
-def test_gc_during_sums_the_replicas_collections_between_two_readings() -> None:
-    from load_tests.benchmarks.first_seconds import gc_during
+def test_during_sums_collections_and_leftover_work_over_the_replicas_in_both() -> None:
+    from load_tests.benchmarks.first_seconds import during
 
-    def fig(c: list[int], p: list[float]) -> dict:
-        return {"collections": c, "pause_s": p, "max_pause_s": p, "frozen_objects": 9}
+    def rep(c: list[int], p: list[float], pending: int) -> dict:
+        gc = {"collections": c, "pause_s": p, "max_pause_s": p, "frozen_objects": 9}
+        return {"gc": gc, "cuda_graphs": 10 - pending, "cuda_graphs_pending": pending}
 
-    before = {"a": fig([10, 1, 0], [0.01, 0.001, 0.0]), "gone": fig([5, 0, 0], [0.1, 0, 0])}
-    after = {"a": fig([30, 3, 1], [0.03, 0.002, 0.5]), "b": fig([4, 0, 0], [0.004, 0, 0])}
-    got = gc_during(before, after)
-    assert got == {"replicas": 1, "collections": [20, 2, 1], "pause_s": [0.02, 0.001, 0.5]}
+    before = {"a": rep([10, 1, 0], [0.01, 0.001, 0.0], 6), "gone": rep([5, 0, 0], [0.1, 0, 0], 9)}
+    after = {"a": rep([30, 3, 1], [0.03, 0.002, 0.5], 2), "b": rep([4, 0, 0], [0.004, 0, 0], 0)}
+    got = during(before, after)
+    assert got == {
+        "replicas": 1,
+        "gc_collections": [20, 2, 1],
+        "gc_pause_s": [0.02, 0.001, 0.5],
+        "before": {"cuda_graphs": 4, "cuda_graphs_pending": 6, "warmup_pending": 0},
+        "after": {"cuda_graphs": 8, "cuda_graphs_pending": 2, "warmup_pending": 0},
+    }
