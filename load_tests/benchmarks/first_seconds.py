@@ -18,6 +18,7 @@ cores gives the client's own ceiling (``client_ceiling``, with its headroom over
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import subprocess
 import sys
@@ -106,6 +107,22 @@ def top_processes(
         cpu_s = a.cpu_s - b.cpu_s if same and b is not None else a.cpu_s
         used.append({"pid": pid, "title": a.title, "kind": a.kind, "cpu_s": round(cpu_s, 3)})
     return sorted(used, key=lambda u: -u["cpu_s"])[:n]
+
+
+def app_arg(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of ``--arg``/``--ab-arg``: an application arg, VALUE read as YAML."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. warmup=false")
+    return key, yaml.safe_load(value)
+
+
+def arm_order(repeats: int, arms: int) -> list[int]:
+    """Which arm each repeat starts: one arm throughout, or two in ABBA order (A B B A A B ...),
+    so that neither arm always has the earlier, cooler start."""
+    if arms == 1:
+        return [0] * repeats
+    return [(0, 1, 1, 0)[r % 4] for r in range(repeats)]
 
 
 def client_ceiling(a: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -212,6 +229,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-cores", type=parse_cores, default=[], help="e.g. 0-11 (taskset)")
     p.add_argument("--client-cores", type=parse_cores, default=[], help="wrk's, e.g. 12-15")
     p.add_argument("--warm-workers", type=int, default=None, help="args.warm_workers (A/B)")
+    p.add_argument(
+        "--arg",
+        type=app_arg,
+        action="append",
+        default=[],
+        help="KEY=VALUE: an application arg for every start (repeatable)",
+    )
+    p.add_argument(
+        "--ab-arg",
+        type=app_arg,
+        action="append",
+        default=[],
+        help="KEY=VALUE: the args of arm B (repeatable); repeats alternate A and B, ABBA",
+    )
     p.add_argument("--wrk", default=str(ROOT / ".tools" / "wrk"))
     p.add_argument("--out", type=Path, required=True)
     a = p.parse_args(argv)
@@ -231,9 +262,16 @@ def main(argv: list[str] | None = None) -> int:
     doc = cold_config(base, a.device, a.replicas, work / "calibration-cache")
     if a.warm_workers is not None:
         doc["applications"][0]["args"]["warm_workers"] = a.warm_workers
+    doc["applications"][0]["args"].update(dict(a.arg))
+    arms = [doc]
+    if a.ab_arg:
+        arms.append(copy.deepcopy(doc))
+        arms[1]["applications"][0]["args"].update(dict(a.ab_arg))
     ceiling = client_ceiling(a, work)
     print(f"client ceiling (wrk against HAProxy's no-op): {ceiling['requests_per_s']} req/s")
-    rows = [one_start(a, doc, work, r) for r in range(a.repeats)]
+    rows = []
+    for r, arm in enumerate(arm_order(a.repeats, len(arms))):
+        rows.append({"arm": "AB"[arm], **one_start(a, copy.deepcopy(arms[arm]), work, r)})
     carried = [w.get("requests_per_s") or 0.0 for r in rows for w in r.get("windows", [])]
     ceiling["headroom"] = (
         round(ceiling["requests_per_s"] / max(carried), 2)
@@ -245,8 +283,13 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "meta": run_meta(PROG, argv),
         "config": doc,
+        "config_b": arms[1] if len(arms) > 1 else None,
         "args": {k: v for k, v in vars(a).items() if k not in ("out",)} | {"out": str(a.out)},
         "client_ceiling": ceiling,
+        "p99_ratio_by_arm": {
+            arm: [r.get("verdict", {}).get("p99_ratio") for r in rows if r["arm"] == arm]
+            for arm in "AB"[: len(arms)]
+        },
         "rows": rows,
         "all_ok": all(v["ok"] for v in verdicts) and violations == 0,
         "budget_violations": violations,
@@ -255,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     a.out.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     for r in rows:
         said = r.get("verdict") or r.get("note")
-        print(f"repeat {r['repeat']}: ready after {r.get('ready_s')} s; {said}")
+        print(f"repeat {r['repeat']} (arm {r['arm']}): ready after {r.get('ready_s')} s; {said}")
+    print(f"first p99 / last, by arm: {result['p99_ratio_by_arm']}")
     print(f"client headroom {ceiling['headroom']}x the busiest window")
     print(f"all_ok {result['all_ok']}; budget violations {violations}; wrote {a.out}")
     return 0 if result["all_ok"] else 1

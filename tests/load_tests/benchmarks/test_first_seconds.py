@@ -73,3 +73,18 @@ def test_during_sums_collections_and_leftover_work_over_the_replicas_in_both() -
         "before": {"cuda_graphs": 4, "cuda_graphs_pending": 6, "warmup_pending": 0},
         "after": {"cuda_graphs": 8, "cuda_graphs_pending": 2, "warmup_pending": 0},
     }
+
+
+def test_app_args_and_the_abba_order_of_two_arms() -> None:
+    import argparse
+
+    import pytest
+
+    from load_tests.benchmarks.first_seconds import app_arg, arm_order
+
+    assert app_arg("cuda_graph_startup_budget_s=5") == ("cuda_graph_startup_budget_s", 5)
+    assert app_arg("warmup=false") == ("warmup", False)
+    with pytest.raises(argparse.ArgumentTypeError, match="KEY=VALUE"):
+        app_arg("warmup")
+    assert arm_order(3, 1) == [0, 0, 0]
+    assert arm_order(6, 2) == [0, 1, 1, 0, 0, 1]
