@@ -89,8 +89,7 @@ class ModelServer:
     """One model replica: decode, batch, predict under the cap, encode."""
 
     def __init__(self, args: dict[str, Any] | AppArgs):
-        # serve_app's log lines into this replica's Serve log file, each with its request id.
-        requestid.attach_to_serve()
+        requestid.attach_to_serve()  # our log lines in the replica's Serve log, with request ids
         self.args = args if isinstance(args, AppArgs) else parse_args(args)
         # From the environment, never the config; first, so that a key variable that yields no
         # key stops the replica before any model work (it never serves open).
@@ -139,9 +138,10 @@ class ModelServer:
             # The node's NVML sampler: the report's GPU totals, and this replica's bytes
             # watched against its budget (escapes).
             self._watch_budget(get_or_create_monitor())
-        # The next replica on this node, a scale-up or a replacement, starts in a worker that
-        # is already running with the imports done (warmpool).
-        self._warm_workers = warmpool.start_keeper(self.args.warm_workers)
+        # Workers with the imports done for the next replica here (warmpool), asked for once
+        # the registry's own worker is up, so that it cannot take one's low-priority token.
+        up = lambda: ray.get(self._registry.all.remote(0.0), timeout=60.0)  # noqa: E731
+        self._warm_workers = warmpool.start_keeper(self.args.warm_workers, up)
         threading.Thread(target=self._report_loop, name="report", daemon=True).start()
         hung.start_reaper(self._stop)  # a hung neighbour on this node: its requests replayed
         ready = (self.replica_id, self.model.name, self.partition.device, self.batch_cap)

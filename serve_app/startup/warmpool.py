@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -251,8 +251,10 @@ class Keeper:
         period_s: float,
         runtime_env: str = "{}",
         job_id: str = "",
+        first: Callable[[], object] | None = None,
     ):
         self.target = target
+        self.first = first  # waited for before the first top-up (start_keeper)
         self.runtime_env = runtime_env
         self.job_id = job_id
         self.pool_key = runtime_env_key(runtime_env, job_id)
@@ -308,6 +310,11 @@ class Keeper:
             time.sleep(NEW_WORKER_POLL_S)
 
     def run(self) -> None:
+        if self.first is not None:
+            try:
+                self.first()
+            except Exception as exc:  # noqa: BLE001 - warm workers are asked for anyway
+                logger.warning("warm workers: %r before the first top-up; going on", exc)
         while not self._stop.is_set():
             try:
                 if self.check():
@@ -334,9 +341,11 @@ class Keeper:
         }
 
 
-def start_keeper(target: int) -> Keeper | None:
+def start_keeper(target: int, first: Callable[[], object] | None = None) -> Keeper | None:
     """A Keeper for this node (on a daemon thread), or None when ``target`` is 0 or this is
-    not a Ray worker."""
+    not a Ray worker. ``first`` runs on that thread before the first top-up: the replica waits
+    there for the registry actor, whose worker would otherwise start beside the warm workers
+    and could take one of their tokens, importing at the lowest priority."""
     if target <= 0:
         return None
     raylet_pid = os.environ.get("RAY_RAYLET_PID")
@@ -351,7 +360,7 @@ def start_keeper(target: int) -> Keeper | None:
     context = ray.get_runtime_context()
     runtime_env = context.get_runtime_env_string()
     job_id = context.get_job_id() or ""
-    keeper = Keeper(target, int(raylet_pid), lock_path, CHECK_PERIOD_S, runtime_env, job_id)
+    keeper = Keeper(target, int(raylet_pid), lock_path, CHECK_PERIOD_S, runtime_env, job_id, first)
     threading.Thread(target=keeper.run, name="warm-workers", daemon=True).start()
     return keeper
 

@@ -231,3 +231,31 @@ def test_the_system_config_for_ray_start(capsys: pytest.CaptureFixture[str]) -> 
     assert warmpool.main([str(root / "no-such.yaml")]) == 2
     assert "error:" in capsys.readouterr().err
     assert warmpool.main([]) == 2
+
+
+def test_keeper_asks_for_workers_only_after_first(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The replica's ``first`` (the registry's worker up) comes before any token or prestart;
+    one that fails is logged and the keeper goes on."""
+    order: list[str] = []
+    monkeypatch.setattr(warmpool, "_children", lambda pid: [])
+    monkeypatch.setattr(warmpool, "leave_tokens", lambda *a: order.append("tokens"))
+    monkeypatch.setattr(warmpool, "prestart", lambda *a, **k: order.append("prestart"))
+    monkeypatch.setattr(warmpool, "NEW_WORKER_WAIT_S", 0.0)
+    monkeypatch.setattr(warmpool, "workers_rss_bytes", lambda pids: 0)
+    for first, seen in ((lambda: order.append("first"), "first"), (None, None)):
+        order.clear()
+        keeper = warmpool.Keeper(1, 1, tmp_path / "lock", period_s=0.01, first=first)
+        monkeypatch.setattr(keeper._stop, "wait", lambda t, k=keeper: k._stop.set() or True)
+        keeper.run()
+        assert order == ([seen] if seen else []) + ["tokens", "prestart"]
+
+    def down() -> None:
+        raise TimeoutError("registry not up")
+
+    order.clear()
+    keeper = warmpool.Keeper(1, 1, tmp_path / "lock", period_s=0.01, first=down)
+    monkeypatch.setattr(keeper._stop, "wait", lambda t: keeper._stop.set() or True)
+    keeper.run()
+    assert order == ["tokens", "prestart"] and keeper.describe()["error"] is None
