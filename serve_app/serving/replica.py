@@ -139,7 +139,7 @@ class ModelServer:
             # watched against its budget (escapes).
             self._watch_budget(get_or_create_monitor())
         # Workers with the imports done for the next replica here (warmpool), asked for once
-        # the registry's own worker is up, so that it cannot take one's low-priority token.
+        # the registry's own worker is up, so that it cannot take a warm one's low priority.
         up = lambda: ray.get(self._registry.all.remote(0.0), timeout=60.0)  # noqa: E731
         self._warm_workers = warmpool.start_keeper(self.args.warm_workers, up)
         threading.Thread(target=self._report_loop, name="report", daemon=True).start()
