@@ -125,6 +125,19 @@ def arm_order(repeats: int, arms: int) -> list[int]:
     return [(0, 1, 1, 0)[r % 4] for r in range(repeats)]
 
 
+def window_wrk(a: argparse.Namespace, target: WrkTarget, work: Path) -> dict[str, Any]:
+    """One window of wrk at ``target``: the run's connections, threads, cores and seconds."""
+    return run_wrk(
+        a.wrk,
+        target,
+        connections=a.connections,
+        threads=a.threads,
+        duration_s=a.window_s,
+        cores=a.client_cores,
+        work_dir=work,
+    )
+
+
 def client_ceiling(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     """wrk as the windows run it (connections, threads, cores, body, one window's seconds)
     against HAProxy's static no-op on the server's cores, answering with a body of the
@@ -134,15 +147,8 @@ def client_ceiling(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     payload = model_payload("minilm", a.inputs_per_request, workload=a.workload)
     server = NoopHAProxy(a.server_cores, [payload], work)
     try:
-        target = WrkTarget(server.url_for(payload), payload.headers, payload.write(work))
-        w = run_wrk(
-            a.wrk,
-            target,
-            connections=a.connections,
-            threads=a.threads,
-            duration_s=a.window_s,
-            cores=a.client_cores,
-            work_dir=work,
+        w = window_wrk(
+            a, WrkTarget(server.url_for(payload), payload.headers, payload.write(work)), work
         )
     finally:
         server.stop()
@@ -181,15 +187,7 @@ def one_start(a: argparse.Namespace, doc: dict[str, Any], work: Path, repeat: in
             cpu = ServerCpu([proc.pid])  # the CLI's tree: Ray's daemons, workers, HAProxy
             cpu.start()
             reports_before = replica_reports(url)
-            w = run_wrk(
-                a.wrk,
-                target,
-                connections=a.connections,
-                threads=a.threads,
-                duration_s=a.window_s,
-                cores=a.client_cores,
-                work_dir=work,
-            )
+            w = window_wrk(a, target, work)
             w["server_cpu"] = cpu.stop(int(w.get("requests", 0)))
             w["top_processes"] = top_processes(*cpu.last)
             w["replicas"] = during(reports_before, replica_reports(url))

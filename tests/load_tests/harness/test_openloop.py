@@ -101,6 +101,14 @@ def server() -> Iterator[str]:
         httpd.server_close()
 
 
+def short_job(pool: OpenLoopPool, url: str, body: Path, **overrides: float) -> list[Path]:
+    """A half-second job at 50/s over 4 connections (``overrides`` change any of it)."""
+    job = {"rate_per_s": 50.0, "duration_s": 0.5, "warmup_s": 0.0, "connections": 4}
+    job.update(timeout_s=5.0, max_in_flight=16)
+    job.update(overrides)
+    return pool.submit(url, {}, body, **job)
+
+
 def test_a_job_runs_until_told_to_stop_and_reports_progress(server: str, tmp_path: Path) -> None:
     """The controller GPU test's use: a long schedule, live counts, a stop file."""
     body = tmp_path / "body.json"
@@ -139,17 +147,7 @@ def test_a_job_runs_until_told_to_stop_and_reports_progress(server: str, tmp_pat
         assert summary["errors"] == 0 and summary["duration_s"] < 15.0
         assert summary["start_at_unix"] > 0
 
-        pool.submit(
-            f"{server}/busy",
-            {},
-            body,
-            rate_per_s=50.0,
-            duration_s=0.5,
-            warmup_s=0.0,
-            connections=4,
-            timeout_s=5.0,
-            max_in_flight=16,
-        )
+        short_job(pool, f"{server}/busy", body)
         summary = pool.collect()
         samples = pool.last_results[0]["error_samples"]
         assert summary["error_counts"].get("status", 0) >= 5
@@ -165,16 +163,13 @@ def test_unanswered_after_the_drain_count_as_failed(server: str, tmp_path: Path)
     body.write_text("{}")
     pool = OpenLoopPool(sorted(os.sched_getaffinity(0))[:1], 1, tmp_path)
     try:
-        progress = pool.submit(
+        progress = short_job(
+            pool,
             f"{server}/slow",
-            {},
             body,
             rate_per_s=20.0,
-            duration_s=0.5,
-            warmup_s=0.0,
             connections=16,
             timeout_s=30.0,
-            max_in_flight=64,
             drain_s=0.5,
         )
         summary = pool.collect()
