@@ -92,14 +92,46 @@ def mallinfo() -> dict[str, int]:
     }
 
 
+def pymalloc_arenas() -> dict[str, int]:
+    """pymalloc's arenas now and the bytes in their allocated blocks, from
+    ``sys._debugmallocstats`` (which writes to the C stderr: fd 2 points at a temporary file
+    meanwhile). Arenas are anonymous mmaps outside glibc's count: arenas that grow while the
+    blocks do not are pymalloc's fragmentation. {} when the report has no such lines."""
+    import re
+    import tempfile
+
+    with tempfile.TemporaryFile() as tmp:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(tmp.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read().decode(errors="replace")
+    out = {}
+    for key, label in (
+        ("pymalloc_arenas", "arenas allocated current"),
+        ("pymalloc_allocated_bytes", "bytes in allocated blocks"),
+        ("pymalloc_available_bytes", "bytes in available blocks"),
+    ):
+        m = re.search(rf"# {label}\s*=\s*([\d,]+)", text)
+        if m:
+            out[key] = int(m.group(1).replace(",", ""))
+    return out
+
+
 def process_counts() -> dict[str, int]:
     """What else can hold anonymous memory outside malloc's count: the interpreter's blocks
-    (pymalloc's arenas are 1 MiB mmaps), the objects the gc tracks, the threads (their stacks)
+    and pymalloc's arenas (1 MiB mmaps), the objects the gc tracks, the threads (their stacks)
     and torch's pinned host memory once CUDA is up. Cheap enough for every line: the gc count
     walks the tracked objects, a few ms every ``SOAK_TRACEMALLOC_EVERY_S``."""
     import gc
 
     out = {"py_allocated_blocks": sys.getallocatedblocks(), "gc_objects": len(gc.get_objects())}
+    out.update(pymalloc_arenas())
     try:
         status = Path("/proc/self/status").read_text()
         out["threads"] = int(status.split("Threads:", 1)[1].split()[0])

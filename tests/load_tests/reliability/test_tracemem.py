@@ -90,4 +90,8 @@ def test_process_counts_see_objects_and_threads_grow() -> None:
     assert after["gc_objects"] - before["gc_objects"] >= 20_000
     assert after["py_allocated_blocks"] - before["py_allocated_blocks"] >= 20_000
     assert after["threads"] == before["threads"] + 1
+    # 20,000 small lists and their items: at least a few more of pymalloc's 1 MiB arenas
+    assert after["pymalloc_arenas"] > before["pymalloc_arenas"] >= 1, (before, after)
+    grown = after["pymalloc_allocated_bytes"] - before["pymalloc_allocated_bytes"]
+    assert grown >= 20_000 * 56, (before, after)  # a list object alone is 56 bytes
     assert not any(k.startswith("pinned_") for k in after)  # no CUDA in this process
