@@ -44,24 +44,36 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
-def free_port(host: str = DEFAULT_HOST) -> int:
-    """A TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+_HANDED_OUT: set[int] = set()
+
+
+def free_port(host: str = DEFAULT_HOST, attempts: int = 200) -> int:
+    """A TCP port that is free on ``host`` right now, from SIDE_PORT_RANGE: not one the kernel
+    would pick (port 0), which an outgoing connection can take before the server binds it (a
+    soak's HAProxy once failed to start so)."""
+    for _ in range(attempts):
+        port = random.randint(*SIDE_PORT_RANGE)
+        if port not in _HANDED_OUT and port_is_free(host, port):
+            _HANDED_OUT.add(port)  # two calls before either binds never get the same port
+            return port
+    raise RuntimeError(
+        f"no free port on {host} in {SIDE_PORT_RANGE[0]}-{SIDE_PORT_RANGE[1]} after {attempts} "
+        "tries; set the port in the config"
+    )
 
 
 def side_port(taken: set[int], attempts: int = 200) -> int:
     """A port in SIDE_PORT_RANGE, not in ``taken``, that binds on every interface now."""
     for _ in range(attempts):
         port = random.randint(*SIDE_PORT_RANGE)
-        if port in taken:
+        if port in taken or port in _HANDED_OUT:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("0.0.0.0", port))  # HAProxy's stats listeners bind all interfaces
             except OSError:
                 continue
+        _HANDED_OUT.add(port)
         return port
     raise RuntimeError(
         f"no free port in {SIDE_PORT_RANGE[0]}-{SIDE_PORT_RANGE[1]} for HAProxy's side "

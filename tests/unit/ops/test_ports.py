@@ -5,6 +5,7 @@ import os
 import random
 import socket
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +61,17 @@ def test_port_is_free_until_bound() -> None:
         sock.bind((ports.DEFAULT_HOST, port))
         sock.listen()
         assert not ports.port_is_free(ports.DEFAULT_HOST, port)
+
+
+def test_free_ports_come_from_outside_the_kernels_ephemeral_range() -> None:
+    low, high = ports.SIDE_PORT_RANGE
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert high < ephemeral_low  # an outgoing connection never takes one of ours
+    got = [ports.free_port() for _ in range(50)]
+    assert all(low <= p <= high for p in got) and len(set(got)) == 50  # never the same twice
+
+
+def test_free_port_gives_up_with_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ports, "port_is_free", lambda host, port: False)
+    with pytest.raises(RuntimeError, match="set the port in the config"):
+        ports.free_port(attempts=3)
