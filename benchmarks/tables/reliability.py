@@ -144,6 +144,8 @@ SOAK_FILES = (
     "reliability/soak_cpu_slope_3600s.json",
     "reliability/soak_cpu_l0_1200s_default.json",
     "reliability/soak_cpu_l0_1200s_arena2.json",
+    "reliability/soak_cpu_l0_1200s_1b0ced4.json",
+    "reliability/soak_cpu_l0_1200s_943637b.json",
 )
 MIB_PER_H = 60 / (1 << 20)  # bytes per minute to MiB per hour
 
