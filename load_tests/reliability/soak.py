@@ -28,8 +28,9 @@ Ctrl-C or SIGTERM.
 
 ``--compare-env KEY=VALUE`` makes the soak an A/B of one run: a second application
 (``compare``) beside the first, whose replicas also get that env var, ``--replicas`` split
-between them. Each one's peak is measured alone (the other idle), twice, alternating; both are
-then offered ``--load-fraction`` of the lower mean peak at once, and the JSON gives
+between them. Their peaks are measured with both loaded at once, twice (alone, each would get
+the whole host, and half of each alone peak offered to both overloaded the 2-core CPU host);
+both are then offered ``--load-fraction`` of the lower mean peak at once, and the JSON gives
 ``peaks_rps``, each chunk ``by_application`` and ``verdict_by_application`` beside the whole.
 Each ``--variant KEY=VALUE[,KEY=VALUE]`` adds one more such application (``variant1``, ...),
 so that several settings share one run; ``--replica-num-gpus`` (0.25) fits more replicas on a
@@ -76,7 +77,7 @@ from load_tests.reliability.slope import (
 NVML_INTERVAL_S = 0.5
 COMPARE_APP = "compare"  # --compare-env's application, beside the suite's APP
 VARIANT_APP = "variant"  # --variant's applications: variant1, variant2, ...
-PEAK_ROUNDS = 2  # with variants: each application's peak alone, alternating, this many times
+PEAK_ROUNDS = 2  # with variants: the applications' peaks, all loaded at once, this many times
 MB = 1_000_000
 HOUR_S = 3600.0
 SLOPE_WARMUP_S = 600.0  # --mode slope: Ray's and the replica's start-up growth is over by then
@@ -364,17 +365,31 @@ def by_application(rows: list[Sample]) -> dict[str, list[Sample]]:
 def measure_peaks(
     targets: dict[str, Target], seconds: float, body: dict[str, Any], clients: int
 ) -> dict[str, list[float]]:
-    """Each application's closed-loop peak, alone (the others idle): once with one
-    application; with two, after a window of each not counted, PEAK_ROUNDS times alternating,
-    so that a drift weighs on both."""
-    rounds = 1 if len(targets) == 1 else PEAK_ROUNDS
+    """Each application's closed-loop peak: once with one application; with several, all of
+    them loaded at once (they share the host's cores and GPU, as they do in the soak, where
+    each is offered its share), after one such window not counted, PEAK_ROUNDS times."""
+    if len(targets) == 1:
+        ((name, target),) = targets.items()
+        return {name: [round(capacity(target, seconds, body=body, clients=clients), 1)]}
     peaks: dict[str, list[float]] = {name: [] for name in targets}
-    if rounds > 1:  # a first window of each, not counted: neither pays its first batches alone
-        for target in targets.values():
-            capacity(target, min(seconds, 3.0), body=body, clients=clients)
-    for _ in range(rounds):
-        for name, target in targets.items():
-            peaks[name].append(round(capacity(target, seconds, body=body, clients=clients), 1))
+
+    def at_once(window_s: float) -> dict[str, float]:
+        got: dict[str, float] = {}
+
+        def one(name: str, target: Target) -> None:
+            got[name] = capacity(target, window_s, body=body, clients=clients)
+
+        threads = [threading.Thread(target=one, args=item) for item in targets.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return got
+
+    at_once(min(seconds, 3.0))  # not counted: none pays its first batches in a counted window
+    for _ in range(PEAK_ROUNDS):
+        for name, rps in at_once(seconds).items():
+            peaks[name].append(round(rps, 1))
     return peaks
 
 
@@ -470,8 +485,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--replica-num-gpus", type=float, default=None, help=gpus_help)
     compare_help = (
         "A/B in one run: a second application whose replicas also get this env var "
-        "(repeatable); --replicas is split between the two, each one's peak is measured alone "
-        f"{PEAK_ROUNDS} times, alternating, and both are offered --load-fraction of the lower "
+        "(repeatable); --replicas is split between the two, their peaks are measured with both "
+        f"loaded at once, {PEAK_ROUNDS} times, and both are offered --load-fraction of the lower "
         "mean peak at once; the verdict is also given per application"
     )
     p.add_argument("--compare-env", action="append", default=[], type=_key_value, help=compare_help)
@@ -599,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
         each = " each" if len(targets) > 1 else ""
         print(
             f"deployed in {meta['startup_s']} s; peak {peak:.1f} req/s, soak at {rate:.1f}{each}"
-            + (f" (peaks alone: {peaks})" if len(targets) > 1 else ""),
+            + (f" (peaks, all loaded at once: {peaks})" if len(targets) > 1 else ""),
             flush=True,
         )
         sampler = Sampler(memory_url, a.sample_s, watch, smaps_after_s=warmup_s).start()

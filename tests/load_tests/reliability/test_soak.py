@@ -155,3 +155,29 @@ def test_rows_are_judged_per_application_as_well() -> None:
     grows = soak.verdict(apps[soak.COMPARE_APP], 100.0)
     assert flat["slope_ok"] is True
     assert grows["slope_ok"] is False  # 10 kB/s is 34 MiB/h
+
+
+def test_several_applications_peaks_are_measured_all_loaded_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """They share the host: a peak measured alone would offer each the whole of it."""
+    import time
+
+    from load_tests.reliability import soak
+
+    windows: list[tuple[str, float, float]] = []
+
+    def fake_capacity(target: object, seconds: float, body: object, clients: int) -> float:
+        t0 = time.monotonic()
+        time.sleep(0.05)
+        windows.append((str(target), t0, time.monotonic()))
+        return 100.0 if str(target) == "a" else 80.0
+
+    monkeypatch.setattr(soak, "capacity", fake_capacity)
+    peaks = soak.measure_peaks({"a": "a", "b": "b"}, 1.0, {}, 4)  # type: ignore[dict-item]
+    assert peaks == {"a": [100.0] * soak.PEAK_ROUNDS, "b": [80.0] * soak.PEAK_ROUNDS}
+    assert len(windows) == 2 * (1 + soak.PEAK_ROUNDS)  # a window not counted, then the rounds
+    for name, t0, t1 in windows:  # every window overlaps one of the other application's
+        assert any(o != name and s0 < t1 and t0 < s1 for o, s0, s1 in windows), windows
+    assert soak.lowest_peak(peaks) == 80.0
+    assert soak.measure_peaks({"a": "a"}, 1.0, {}, 4) == {"a": [100.0]}  # type: ignore[dict-item]
