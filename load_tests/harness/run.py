@@ -5,10 +5,16 @@ run cut short leaves a whole file, never half of one)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 import traceback
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+K = TypeVar("K")
+V = TypeVar("V")
+R = TypeVar("R")
 
 SHUTDOWN_RESERVE_S = 20.0
 
@@ -52,3 +58,19 @@ class Budget:
 
     def deadline(self, want_s: float) -> float:
         return time.monotonic() + max(0.0, min(want_s, self.left()))
+
+
+def each_at_once(fn: Callable[[V], R], items: Mapping[K, V]) -> dict[K, R]:
+    """``fn`` on every value of ``items`` at once, a thread each; the results by key. A call
+    that raised is missing from the result (threading prints its traceback)."""
+    out: dict[K, R] = {}
+
+    def one(key: K, value: V) -> None:
+        out[key] = fn(value)
+
+    threads = [threading.Thread(target=one, args=item) for item in items.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out

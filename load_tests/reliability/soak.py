@@ -58,6 +58,7 @@ from load_tests.harness.load import tally as tally_outcomes
 from load_tests.harness.meta import PROVENANCE_HELP, run_meta
 from load_tests.harness.nvml import BudgetWatch
 from load_tests.harness.plots import PlotsUnavailable, pyplot
+from load_tests.harness.run import each_at_once
 from load_tests.reliability.gpu_faults import (
     actor_options,
     app_args,
@@ -374,17 +375,7 @@ def measure_peaks(
     peaks: dict[str, list[float]] = {name: [] for name in targets}
 
     def at_once(window_s: float) -> dict[str, float]:
-        got: dict[str, float] = {}
-
-        def one(name: str, target: Target) -> None:
-            got[name] = capacity(target, window_s, body=body, clients=clients)
-
-        threads = [threading.Thread(target=one, args=item) for item in targets.items()]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return got
+        return each_at_once(lambda t: capacity(t, window_s, body=body, clients=clients), targets)
 
     at_once(min(seconds, 3.0))  # not counted: none pays its first batches in a counted window
     for _ in range(PEAK_ROUNDS):
@@ -397,16 +388,7 @@ def open_loops(
     targets: dict[str, Target], rate: float, seconds: float, body: dict[str, Any], processes: int
 ) -> dict[str, list[Outcome]]:
     """One open-loop chunk at ``rate`` against each application, all at once."""
-    out: dict[str, list[Outcome]] = {}
-
-    def one(name: str, target: Target) -> None:
-        out[name] = open_loop(target.url, rate, seconds, body, processes)
-
-    threads = [threading.Thread(target=one, args=item) for item in targets.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    out = each_at_once(lambda t: open_loop(t.url, rate, seconds, body, processes), targets)
     missing = set(targets) - set(out)
     if missing:
         raise RuntimeError(f"the open loop against {sorted(missing)} failed (see above)")

@@ -9,7 +9,6 @@ import base64
 import json
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,7 +30,7 @@ from load_tests.benchmarks.stack.plan import (
 from load_tests.benchmarks.throughput.options import parse_cores
 from load_tests.harness.meta import PROVENANCE_HELP, ROOT, run_meta
 from load_tests.harness.nvml import BudgetWatch, nvml_devices
-from load_tests.harness.run import Budget, error_doc, log, write_json
+from load_tests.harness.run import Budget, each_at_once, error_doc, log, write_json
 from load_tests.harness.wrk import WrkTarget, find_wrk, run_wrk
 
 PROG = "python -m load_tests.benchmarks.stack"
@@ -126,10 +125,9 @@ def load_all(
     work: Path,
 ) -> dict[str, dict[str, Any]]:
     """wrk on every target at once for ``duration_s``; figures by application."""
-    results: dict[str, dict[str, Any]] = {}
 
-    def one(name: str, target: WrkTarget) -> None:
-        results[name] = run_wrk(
+    def one(target: WrkTarget) -> dict[str, Any]:
+        return run_wrk(
             wrk,
             target,
             connections=cfg["connections"],
@@ -139,12 +137,7 @@ def load_all(
             work_dir=work,
         )
 
-    threads = [threading.Thread(target=one, args=item) for item in targets.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
+    return each_at_once(one, targets)
 
 
 def listing(base: str, fams: Sequence[Family]) -> dict[str, Any]:
