@@ -261,16 +261,18 @@ def test_load_scales_up_memory_pressure_sheds_and_status_says_why(
         cli.stdout
     )
 
-    # Memory back, load gone: the controller settles in band at min, and says so.
+    # Memory back, load gone: the controller settles in band at min, and says so. On a loaded
+    # host the last load samples can still be in its look-back window when memory returns (CI
+    # once saw a step to 2, in band there); it must come back to 1 once they age out.
     write_script(cluster.nvml_script, PLENTY_FREE_BYTES)
     settled = wait_for(
-        "the controller to settle in band",
+        "the controller to settle in band at min",
         lambda: decision(app),
-        lambda d: d.get("reason") == "hold_in_band",
-        20.0,
+        lambda d: d.get("reason") == "hold_in_band" and d.get("target_replicas") == 1,
+        45.0,
     )
     assert settled["target_replicas"] == 1, settled
-    assert running(replica_states()) == 1
+    wait_for("one replica running", replica_states, lambda s: running(s) == 1, 30.0)
 
 
 def test_bad_reading_never_scales_up_under_load(cluster: Cluster, app: str, load_url: str) -> None:
