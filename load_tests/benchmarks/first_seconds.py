@@ -35,7 +35,7 @@ from load_tests.benchmarks.startup.probes import first_200
 from load_tests.benchmarks.startup.rows import cold_config
 from load_tests.benchmarks.throughput.options import parse_cores
 from load_tests.benchmarks.throughput.payload import model_payload
-from load_tests.benchmarks.throughput.proccpu import ProcCpu, ServerCpu
+from load_tests.benchmarks.throughput.proccpu import ProcCpu, ServerCpu, same_process
 from load_tests.harness.meta import PROVENANCE_HELP, ROOT, run_meta
 from load_tests.harness.nvml import BudgetWatch
 from load_tests.harness.wrk import WrkTarget, find_wrk, pin_prefix, run_wrk
@@ -103,8 +103,7 @@ def top_processes(
     used = []
     for pid, a in after.items():
         b = before.get(pid)
-        same = b is not None and abs(b.create_time_s - a.create_time_s) < 0.5
-        cpu_s = a.cpu_s - b.cpu_s if same and b is not None else a.cpu_s
+        cpu_s = a.cpu_s - b.cpu_s if b is not None and same_process(b, a) else a.cpu_s
         used.append({"pid": pid, "title": a.title, "kind": a.kind, "cpu_s": round(cpu_s, 3)})
     return sorted(used, key=lambda u: -u["cpu_s"])[:n]
 

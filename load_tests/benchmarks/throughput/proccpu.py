@@ -141,6 +141,11 @@ def psutil_now_s() -> float:
     return float(psutil.boot_time()) + time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
+def same_process(before: ProcCpu | None, after: ProcCpu) -> bool:
+    """Whether ``after`` is the process ``before`` read (not a new one under a reused pid)."""
+    return before is not None and abs(before.create_time_s - after.create_time_s) < 0.5
+
+
 def cpu_delta(
     before: Mapping[int, ProcCpu], after: Mapping[int, ProcCpu], window_start_s: float
 ) -> dict[str, Any]:
@@ -155,7 +160,7 @@ def cpu_delta(
     unmeasured_kinds: list[str] = []
     for pid, a in after.items():
         b = before.get(pid)
-        if b is not None and abs(b.create_time_s - a.create_time_s) < 0.5:
+        if b is not None and same_process(b, a):
             used = a.cpu_s - b.cpu_s
         elif a.create_time_s >= window_start_s - 0.5:
             used, started = a.cpu_s, started + 1
