@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+from collections.abc import Callable
 
 __all__ = [
     "DEFAULT_HOST",
@@ -47,38 +48,49 @@ def port_is_free(host: str, port: int) -> bool:
 _HANDED_OUT: set[int] = set()
 
 
+def _pick(free: Callable[[int], bool], taken: set[int], attempts: int) -> int | None:
+    """A random port of SIDE_PORT_RANGE, not in ``taken`` nor handed out before in this process,
+    for which ``free`` holds; None after ``attempts`` draws. Two calls before either port is
+    bound never get the same one."""
+    for _ in range(attempts):
+        port = random.randint(*SIDE_PORT_RANGE)
+        if port not in taken and port not in _HANDED_OUT and free(port):
+            _HANDED_OUT.add(port)
+            return port
+    return None
+
+
 def free_port(host: str = DEFAULT_HOST, attempts: int = 200) -> int:
     """A TCP port that is free on ``host`` right now, from SIDE_PORT_RANGE: not one the kernel
     would pick (port 0), which an outgoing connection can take before the server binds it (a
     soak's HAProxy once failed to start so)."""
-    for _ in range(attempts):
-        port = random.randint(*SIDE_PORT_RANGE)
-        if port not in _HANDED_OUT and port_is_free(host, port):
-            _HANDED_OUT.add(port)  # two calls before either binds never get the same port
-            return port
-    raise RuntimeError(
-        f"no free port on {host} in {SIDE_PORT_RANGE[0]}-{SIDE_PORT_RANGE[1]} after {attempts} "
-        "tries; set the port in the config"
-    )
+    port = _pick(lambda p: port_is_free(host, p), set(), attempts)
+    if port is None:
+        raise RuntimeError(
+            f"no free port on {host} in {SIDE_PORT_RANGE[0]}-{SIDE_PORT_RANGE[1]} after "
+            f"{attempts} tries; set the port in the config"
+        )
+    return port
+
+
+def _binds_everywhere(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("0.0.0.0", port))  # HAProxy's stats listeners bind all interfaces
+        except OSError:
+            return False
+    return True
 
 
 def side_port(taken: set[int], attempts: int = 200) -> int:
     """A port in SIDE_PORT_RANGE, not in ``taken``, that binds on every interface now."""
-    for _ in range(attempts):
-        port = random.randint(*SIDE_PORT_RANGE)
-        if port in taken or port in _HANDED_OUT:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("0.0.0.0", port))  # HAProxy's stats listeners bind all interfaces
-            except OSError:
-                continue
-        _HANDED_OUT.add(port)
-        return port
-    raise RuntimeError(
-        f"no free port in {SIDE_PORT_RANGE[0]}-{SIDE_PORT_RANGE[1]} for HAProxy's side "
-        f"listeners after {attempts} tries; set RAY_SERVE_HAPROXY_* ports yourself"
-    )
+    port = _pick(_binds_everywhere, taken, attempts)
+    if port is None:
+        raise RuntimeError(
+            f"no free port in {SIDE_PORT_RANGE[0]}-{SIDE_PORT_RANGE[1]} for HAProxy's side "
+            f"listeners after {attempts} tries; set RAY_SERVE_HAPROXY_* ports yourself"
+        )
+    return port
 
 
 def haproxy_side_ports() -> dict[str, str]:
