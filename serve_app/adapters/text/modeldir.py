@@ -164,7 +164,7 @@ class PairTokenization(Tokenization):
         Raises:
             BadRequest: an input is longer than ``max_tokens`` (code ``input_too_long``).
         """
-        encoded = self.tokenizer.encode_batch(inputs, add_special_tokens=True)
+        encoded = self.tokenizer.encode_batch_fast(inputs, add_special_tokens=True)
         for i, enc in enumerate(encoded):
             if len(enc.ids) > self.max_tokens:
                 what = self.pair_note if isinstance(inputs[i], tuple) else ""

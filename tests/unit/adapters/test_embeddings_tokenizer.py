@@ -37,8 +37,8 @@ def test_direct_tokenizer_matches_autotokenizer(load_format: str) -> None:
     app_args = parse_args(args)
     tokens = Tokenization(resolve_dir(app_args), app_args)
     reference = AutoTokenizer.from_pretrained(str(tokens.model_dir))
-    for text in TEXTS:
-        ours = tokens.tokenizer.encode(text).ids
+    batch = tokens.encode(TEXTS)  # the batch call replicas make (encode_batch_fast)
+    for text, ours in zip(TEXTS, batch, strict=True):
         theirs = reference(text, truncation=False)["input_ids"]
         assert ours == theirs, text
     assert tokens.pad_id == reference.pad_token_id
@@ -55,9 +55,9 @@ def test_a_text_past_the_character_bound_is_refused_before_tokenizing() -> None:
     real = tokens.tokenizer
 
     class Counting:  # the real tokenizer, counted: the refusal must not reach it
-        def encode_batch(self, texts: list[str], add_special_tokens: bool) -> Any:
+        def encode_batch_fast(self, texts: list[str], add_special_tokens: bool) -> Any:
             calls.append(len(texts))
-            return real.encode_batch(texts, add_special_tokens=add_special_tokens)
+            return real.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
 
     tokens.tokenizer = Counting()  # type: ignore[assignment]
     with pytest.raises(BadRequest) as info:
@@ -71,3 +71,16 @@ def test_a_text_past_the_character_bound_is_refused_before_tokenizing() -> None:
         tokens.encode(["!" * tokens.max_chars])
     assert calls == [1]
     assert len(tokens.encode(["a few words"])[0]) == 5
+
+
+def test_the_fast_batch_call_gives_the_ids_and_type_ids_of_the_full_one() -> None:
+    """Replicas tokenize with encode_batch_fast, which leaves out the character offsets; the
+    ids and type ids, of single texts and of pairs (the reranker's), must be encode_batch's."""
+    app_args = parse_args({"adapter": "embeddings", "load_format": "dummy"})
+    tok = Tokenization(resolve_dir(app_args), app_args).tokenizer
+    pairs = [(TEXTS[i], TEXTS[-1 - i]) for i in range(len(TEXTS))]
+    for inputs in (TEXTS, pairs):
+        full = tok.encode_batch(inputs, add_special_tokens=True)  # type: ignore[arg-type]
+        fast = tok.encode_batch_fast(inputs, add_special_tokens=True)  # type: ignore[arg-type]
+        assert [(e.ids, e.type_ids) for e in fast] == [(e.ids, e.type_ids) for e in full]
+    assert any(1 in e.type_ids for e in tok.encode_batch_fast(pairs))  # pairs were pairs

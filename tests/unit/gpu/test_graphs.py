@@ -184,7 +184,7 @@ def test_capture_next_skips_out_of_memory_and_stops_on_other_errors() -> None:
 
 
 def test_config_startup_budget() -> None:
-    assert parse_args({}).cuda_graph_startup_budget_s == 1.0
+    assert parse_args({}).cuda_graph_startup_budget_s == 5.0
     assert parse_args({"cuda_graph_startup_budget_s": 0}).cuda_graph_startup_budget_s == 0.0
     with pytest.raises(ConfigError, match="cuda_graph_startup_budget_s"):
         parse_args({"cuda_graph_startup_budget_s": -1})
