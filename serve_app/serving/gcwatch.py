@@ -6,7 +6,9 @@ replica's initialisation (``RAY_SERVE_FREEZE_GC_ON_STARTUP``, on by default), so
 collections walk only what serving allocates; a full collection of the unfrozen heap would
 stall the event loop and the model thread for hundreds of milliseconds. ``GcWatch`` times each
 collection through ``gc.callbacks``, so the replica's report (``/v1/memory``) shows what the
-collector costs while it serves, and whether the heap was frozen.
+collector costs while it serves, and whether the heap was frozen. Counting the frozen objects
+walks them all under the GIL (``gc.get_freeze_count``: tens of milliseconds for a replica's
+heap), so it is done once, by ``read_frozen``, and never per report.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class GcWatch:
         self.pause_s = [0.0, 0.0, 0.0]
         self.max_pause_s = [0.0, 0.0, 0.0]
         self._started: dict[int, float] = {}  # thread id -> start of its collection
+        self.frozen_objects = 0  # read_frozen's count
         gc.callbacks.append(self._callback)
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
@@ -53,12 +56,19 @@ class GcWatch:
         if took_s > self.max_pause_s[gen]:
             self.max_pause_s[gen] = took_s
 
+    def read_frozen(self) -> int:
+        """The objects in the permanent generation, counted until a count finds some (an empty
+        one costs nothing to count); after that the count stands: Ray Serve freezes once."""
+        if not self.frozen_objects:
+            self.frozen_objects = gc.get_freeze_count()
+        return self.frozen_objects
+
     def describe(self) -> GcFigures:
         return GcFigures(
             collections=list(self.collections),
             pause_s=[round(s, 6) for s in self.pause_s],
             max_pause_s=[round(s, 6) for s in self.max_pause_s],
-            frozen_objects=gc.get_freeze_count(),
+            frozen_objects=self.frozen_objects,
         )
 
     def close(self) -> None:

@@ -130,13 +130,11 @@ class ModelServer:
         self._registry = get_registry()
         self._metrics = ReplicaMetrics()
         self._batcher.on_queued = self._metrics.queued
-        # Start-up's leftover graphs and warm-up batches, now, not at this replica's first
-        # request (which may come only under load, once HAProxy spreads it here).
+        # Start-up's leftovers now, not at our first request (which may come only under load).
         if self._leftover.left():
             idle.before_traffic(self._leftover.step, self._executor, lambda: self._batcher.started)
         if self.partition.gpu_uuid is not None:
-            # The node's NVML sampler: the report's GPU totals, and this replica's bytes
-            # watched against its budget (escapes).
+            # The node's NVML sampler: the report's GPU totals; our bytes against our budget.
             self._watch_budget(get_or_create_monitor())
         # Workers with the imports done for the next replica here (warmpool), asked for once
         # the registry's own worker is up, so that it cannot take a warm one's low priority.
@@ -357,9 +355,11 @@ class ModelServer:
         )
 
     def check_health(self) -> None:
-        """A tiny GPU operation: a sticky CUDA error makes this raise, and Serve replaces us.
-        Never during a CUDA graph capture between batches (its device-wide synchronisation has
-        no place beside a capture, which lasts tens of milliseconds)."""
+        """A tiny GPU operation: a sticky CUDA error makes this raise, and Serve replaces us;
+        never beside a CUDA graph capture (a device-wide sync). The first runs after Serve's GC
+        freeze and before any request: the frozen objects are counted then, once (gcwatch)."""
+        if self.started.gc is not None:
+            self.started.gc.read_frozen()
         if self.partition.on_gpu:
             with self._leftover.lock:
                 x = torch.ones(1, device=self.partition.device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -189,8 +190,15 @@ def test_concurrent_requests_are_batched(emb: str) -> None:
             )
         )
     assert [r.status_code for r in resps] == [200] * 100
-    report = httpx.get(f"{emb}/v1/memory").json()
-    mine = [r for r in report["replicas"] if r["app"] == MODEL]
+    # Replicas report every second (serving/report.REPORT_PERIOD_S): the one read right after
+    # the load may have been taken during it, items still queued; wait for one after it.
+    deadline = time.monotonic() + 10.0
+    while True:
+        report = httpx.get(f"{emb}/v1/memory").json()
+        mine = [r for r in report["replicas"] if r["app"] == MODEL]
+        if all(r["queued_items"] == 0 for r in mine) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert mine and max(r["largest_batch"] for r in mine) > 1, mine
     for r in mine:
         # the model worker's busy time is counted; nothing is left queued

@@ -20,10 +20,35 @@ def test_collections_are_counted_by_generation_with_their_pauses() -> None:
         got = watch.describe()
         assert got["collections"][0] >= 1 and got["collections"][2] >= 2, got
         assert got["pause_s"][2] > 0 and 0 < got["max_pause_s"][2] <= got["pause_s"][2], got
-        assert got["frozen_objects"] == gc.get_freeze_count()
+        assert got["frozen_objects"] == 0  # not counted until read_frozen
+        assert watch.read_frozen() == gc.get_freeze_count() == watch.describe()["frozen_objects"]
     finally:
         watch.close()
     assert watch._callback not in gc.callbacks
     before = watch.describe()["collections"]
     gc.collect(2)
     assert watch.describe()["collections"] == before  # closed: no longer counting
+
+
+def test_the_frozen_objects_are_counted_until_some_are_found_then_never_again(
+    monkeypatch,
+) -> None:
+    """Counting walks every frozen object under the GIL: a replica's report (every second) must
+    not; the count is taken at the first health check, after Ray Serve's freeze."""
+    counts = iter([0, 0, 120_000, 999])
+    calls: list[int] = []
+
+    def count() -> int:
+        calls.append(1)
+        return next(counts)
+
+    monkeypatch.setattr(gc, "get_freeze_count", count)
+    watch = GcWatch()
+    try:
+        assert [watch.read_frozen() for _ in range(5)] == [0, 0, 120_000, 120_000, 120_000]
+        assert len(calls) == 3
+        for _ in range(10):
+            assert watch.describe()["frozen_objects"] == 120_000
+        assert len(calls) == 3
+    finally:
+        watch.close()
