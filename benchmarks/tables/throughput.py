@@ -350,16 +350,30 @@ def r_hz_mps_ab(ctx: Ctx) -> str:
 
 
 RUN_PEERS_16 = "J_minilm_r12_peers_16cores_shared"  # 2026-12-03, issue 28's layout
+RUN_M = "M_minilm_r12_16cores_shared_109778c"  # 2026-12-04, the same layout a day later
+RUN_N = "N_minilm_r12_mixed_16cores_shared_109778c"  # 2026-12-04, mixed lengths, same layout
 
 
-def r_run_peers_16(ctx: Ctx) -> str:
-    """Run J as the throughput tool renders it, its headings one level down."""
+def _run_as_rendered(ctx: Ctx, run: str) -> str:
+    """A run as the throughput tool renders it, its headings one level down."""
     # Imported here: render imports benchmarks.tables.common, whose package imports this module.
     from load_tests.benchmarks.throughput.render import render_markdown
 
-    folder = ctx.results / TP_DIR / RUN_PEERS_16
+    folder = ctx.results / TP_DIR / run
     text = render_markdown(load(folder / "throughput.json"), load(folder / "meta.json"))
     return text.replace("### ", "#### ").rstrip()
+
+
+def r_run_peers_16(ctx: Ctx) -> str:
+    return _run_as_rendered(ctx, RUN_PEERS_16)
+
+
+def r_run_m(ctx: Ctx) -> str:
+    return _run_as_rendered(ctx, RUN_M)
+
+
+def r_run_n(ctx: Ctx) -> str:
+    return _run_as_rendered(ctx, RUN_N)
 
 
 RUN_CPU_PIPELINE = "K_cpu_minilm_l0_pipeline"  # 2026-12-03, three runs on the 2-core CPU host
@@ -398,6 +412,8 @@ def r_cpu_pipeline(ctx: Ctx) -> str:
 RENDERERS: dict[str, tuple[str, Renderer]] = {
     "throughput-cpu-pipeline": (BLOCK, r_cpu_pipeline),
     "throughput-run-peers-16": (BLOCK, r_run_peers_16),
+    "throughput-run-m": (BLOCK, r_run_m),
+    "throughput-run-n": (BLOCK, r_run_n),
     "throughput-runs": (BLOCK, r_throughput_runs),
     "throughput-minilm-1": (BLOCK, r_minilm_1),
     "throughput-minilm-16": (BLOCK, r_minilm_16),
