@@ -111,14 +111,15 @@ class DeviceMemory:
         return int(torch.cuda.max_memory_reserved(self.device)) if self.on_gpu else 0
 
     def reserved_and_allocated_bytes(self) -> tuple[int, int]:
-        """Both from one read of the allocator's stats (each of torch's own two functions builds
-        the whole stats dict, and this runs after every batch)."""
+        """Both from one read of the allocator's stats, as the nested dict the allocator
+        returns: this runs after every batch, and torch's own functions (``memory_stats``
+        under each) flatten, sort and copy every stat in Python first."""
         if not self.on_gpu:
             return 0, 0
-        stats = torch.cuda.memory_stats(self.device)
+        stats = torch.cuda.memory_stats_as_nested_dict(self.device)
         return (
-            int(stats.get("reserved_bytes.all.current", 0)),
-            int(stats.get("allocated_bytes.all.current", 0)),
+            int(stats.get("reserved_bytes", {}).get("all", {}).get("current", 0)),
+            int(stats.get("allocated_bytes", {}).get("all", {}).get("current", 0)),
         )
 
     def reset_peak(self) -> None:

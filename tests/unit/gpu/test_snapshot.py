@@ -60,13 +60,40 @@ def test_device_memory_on_a_cpu_reads_zero_and_frees_nothing(
     def never(*args: object, **kwargs: object) -> None:
         raise AssertionError("torch.cuda touched for a CPU device")
 
-    for name in ("empty_cache", "memory_reserved", "memory_allocated", "memory_stats"):
+    names = ("empty_cache", "memory_reserved", "memory_allocated", "memory_stats")
+    for name in (*names, "memory_stats_as_nested_dict"):
         monkeypatch.setattr(torch.cuda, name, never)
     memory = DeviceMemory(torch.device("cpu"))
     memory.free_cache()
     assert (memory.reserved_bytes(), memory.allocated_bytes()) == (0, 0)
     assert memory.reserved_and_allocated_bytes() == (0, 0)
     assert memory.process_bytes() is None and memory.outside_torch_bytes() is None
+
+
+def test_reserved_and_allocated_come_from_the_allocators_nested_stats(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The figures torch.cuda.memory_reserved and memory_allocated give (the flattened
+    ``reserved_bytes.all.current`` and ``allocated_bytes.all.current``), read from one nested
+    dict without the flattening. The nesting is the allocator's (torch._C._cuda_memoryStats)."""
+    pool = {"current": 0, "peak": 0, "allocated": 0, "freed": 0}
+    nested = {
+        "reserved_bytes": {"all": {**pool, "current": 6 << 20}, "large_pool": pool},
+        "allocated_bytes": {"all": {**pool, "current": 5 << 20}, "small_pool": pool},
+        "num_alloc_retries": 0,
+    }
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", lambda device=None: nested)
+    memory = DeviceMemory(torch.device("cuda", 0))
+    assert memory.reserved_and_allocated_bytes() == (6 << 20, 5 << 20)
+    # what torch's flattening reads from the same dict
+    monkeypatch.setattr(
+        torch.cuda.memory, "memory_stats_as_nested_dict", lambda device=None: nested
+    )
+    flat = torch.cuda.memory.memory_stats(0)
+    assert (flat["reserved_bytes.all.current"], flat["allocated_bytes.all.current"]) == (
+        6 << 20,
+        5 << 20,
+    )
 
 
 class Readings(DeviceMemory):
