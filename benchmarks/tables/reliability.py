@@ -146,6 +146,7 @@ SOAK_FILES = (
     "reliability/soak_cpu_l0_1200s_arena2.json",
     "reliability/soak_cpu_l0_1200s_1b0ced4.json",
     "reliability/soak_cpu_l0_1200s_943637b.json",
+    "reliability/soak_cpu_l0_1200s_ab_arena2_fdb9b57.json",
 )
 MIB_PER_H = 60 / (1 << 20)  # bytes per minute to MiB per hour
 
@@ -175,24 +176,27 @@ def _soak_cells(ctx: Ctx, rel: str, d: Mapping[str, Any], commit: str) -> list[s
 
 
 def r_soak_cpu(ctx: Ctx) -> str:
+    """A row per soak, and per application of a soak with variants (``_soak_parts``)."""
     body = []
     for rel in SOAK_FILES:
         d = load(ctx.results / rel)
-        v = d["verdict"]
-        reps = v["replicas"]
         cli = d["cli"]
-        setup = [f"{n} encoder layers" for n in [cli.get("encoder_layers")] if n is not None]
-        setup += [f"`{kv}`" for kv in cli.get("replica_env") or []]
-        body.append(
-            [
-                *_soak_cells(ctx, rel, d, str(d["commit"])[:7]),
-                ", ".join(setup) or "MiniLM",
-                fmt_range((r["rss_spread_bytes"] / MB for r in reps), 1, " MB"),
-                fmt_range((r["rss_slope_bytes_per_min"] * MIB_PER_H for r in reps), 1, " MiB/h"),
-                "yes" if v["flat"] else "no",
-                "yes" if all(r["rss_slope_bytes_per_min"] * MIB_PER_H <= 5 for r in reps) else "no",
-            ]
-        )
+        layers = [f"{n} encoder layers" for n in [cli.get("encoder_layers")] if n is not None]
+        parts = _soak_parts(d)
+        for env, part, v in parts:
+            reps = v["replicas"]
+            setup = layers + ([env] if len(parts) > 1 or cli.get("replica_env") else [])
+            slopes = [r["rss_slope_bytes_per_min"] * MIB_PER_H for r in reps]
+            body.append(
+                [
+                    *_soak_cells(ctx, rel, part, str(d["commit"])[:7]),
+                    ", ".join(setup) or "MiniLM",
+                    fmt_range((r["rss_spread_bytes"] / MB for r in reps), 1, " MB"),
+                    fmt_range(slopes, 1, " MiB/h"),
+                    "yes" if v["flat"] else "no",
+                    "yes" if all(x <= 5 for x in slopes) else "no",
+                ]
+            )
     header = ["file", "commit", "duration (warm-up)", "req/s offered (peak)", "sent", "lost"]
     header += ["failed", "model, replica env", "RSS spread per replica after warm-up"]
     header += ["RSS slope per replica", "flat"]
