@@ -119,10 +119,13 @@ def test_after_batch_refits_when_torch_is_near_its_cap(monkeypatch: pytest.Monke
     part = _capped(monkeypatch, reserved, proc)
     part.cache_policy = "never"
 
-    def stats(device: Any = None) -> dict[str, int]:
-        return {"reserved_bytes.all.current": reserved[0], "allocated_bytes.all.current": 0}
+    def stats(device: Any = None) -> dict[str, Any]:
+        return {
+            "reserved_bytes": {"all": {"current": reserved[0]}},
+            "allocated_bytes": {"all": {"current": 0}},
+        }
 
-    monkeypatch.setattr(torch.cuda, "memory_stats", stats)
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict", stats)
     part.after_batch()  # far from the cap: no NVML reading, nothing counted
     assert part.non_torch_growth_bytes == 0
     reserved[0] = int(0.95 * part.budget.torch_cap_bytes)
@@ -139,8 +142,8 @@ def test_after_batch_refits_every_refit_every_s(monkeypatch: pytest.MonkeyPatch)
     part.cache_policy = "never"
     monkeypatch.setattr(
         torch.cuda,
-        "memory_stats",
-        lambda device=None: {"reserved_bytes.all.current": reserved[0]},
+        "memory_stats_as_nested_dict",
+        lambda device=None: {"reserved_bytes": {"all": {"current": reserved[0]}}},
     )
     part.after_batch()  # far from the cap, read just now (start-up): not yet
     assert part.non_torch_growth_bytes == 0

@@ -148,6 +148,7 @@ def test_only_the_snapshot_module_frees_the_cache_or_reads_torch_memory() -> Non
         "memory_reserved",
         "memory_allocated",
         "memory_stats",
+        "memory_stats_as_nested_dict",
         "max_memory_reserved",
         "reset_peak_memory_stats",
         "mem_get_info",
