@@ -61,6 +61,7 @@ def window_verdict(windows: list[dict[str, Any]], max_ratio: float) -> dict[str,
 # field: graph captures between batches under load stall a replica's queue (up to
 # idle.WANTED_CAPTURE_S a step).
 LEFTOVER_FIELDS = ("cuda_graphs", "cuda_graphs_pending", "warmup_pending")
+LONG_PAUSES_SETTLE_S = 1.5  # more than the replicas' REPORT_PERIOD_S (serving/report.py)
 
 
 def replica_reports(url: str) -> dict[str, dict[str, Any]]:
@@ -92,6 +93,23 @@ def during(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) 
         "gc_pause_s": [round(delta("pause_s", g), 4) for g in range(3)],
         "before": {key: total(before, key) for key in LEFTOVER_FIELDS},
         "after": {key: total(after, key) for key in LEFTOVER_FIELDS},
+    }
+
+
+def long_pauses(reports: dict[str, dict[str, Any]], since_s: float, until_s: float) -> dict:
+    """Over every replica's report, the long collections (``gc.long_pauses``, serving/gcwatch:
+    each replica's latest 32 of 10 ms or more) that ended between two unix times: how many
+    and the longest, by generation (0, 1, 2)."""
+    found = [
+        p
+        for rep in reports.values()
+        for p in (rep.get("gc") or {}).get("long_pauses", [])
+        if since_s <= p["at_unix_s"] < until_s
+    ]
+    by_gen = [[p["pause_s"] for p in found if p["generation"] == g] for g in range(3)]
+    return {
+        "count": [len(x) for x in by_gen],
+        "longest_s": [round(max(x, default=0.0), 4) for x in by_gen],
     }
 
 
@@ -181,15 +199,18 @@ def one_start(a: argparse.Namespace, doc: dict[str, Any], work: Path, repeat: in
             tail = log_path.read_text(errors="replace")[-1500:]
             return {**row, "note": f"never ready; CLI output: {tail}"}
         row["ready_s"] = round(ready_at - t0, 3)
+        spans: list[tuple[float, float]] = []  # each window's unix start and end
         for i in range(a.windows):
             started_s = time.monotonic() - ready_at
             cpu = ServerCpu([proc.pid])  # the CLI's tree: Ray's daemons, workers, HAProxy
             cpu.start()
-            reports_before = replica_reports(url)
+            reports_before, w_start = replica_reports(url), time.time()
             w = window_wrk(a, target, work)
+            w_end = time.time()
             w["server_cpu"] = cpu.stop(int(w.get("requests", 0)))
             w["top_processes"] = top_processes(*cpu.last)
             w["replicas"] = during(reports_before, replica_reports(url))
+            spans.append((w_start, w_end))
             row["windows"].append({"window": i, "started_after_ready_s": round(started_s, 3), **w})
             if "error" not in w:
                 print(
@@ -200,6 +221,12 @@ def one_start(a: argparse.Namespace, doc: dict[str, Any], work: Path, repeat: in
                     f"{w['server_cpu']['server_cpu_s_by_kind']}; replicas {w['replicas']}",
                     flush=True,
                 )
+        # The replicas' long collections, read once the last window's are in the reports
+        # (refreshed every REPORT_PERIOD_S), each counted in the window it ended in.
+        time.sleep(LONG_PAUSES_SETTLE_S)
+        final = replica_reports(url)
+        for w, (since_s, until_s) in zip(row["windows"], spans, strict=True):
+            w["replicas"]["gc_long_pauses"] = long_pauses(final, since_s, until_s)
         row["verdict"] = window_verdict(row["windows"], a.max_ratio)
     finally:
         if watch is not None:

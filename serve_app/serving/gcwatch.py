@@ -16,16 +16,31 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from collections import deque
 from typing import Any, TypedDict
+
+# A collection at least this long is listed with the time it ended (``long_pauses``): a pause
+# the size of a p99 can then be matched to the seconds it fell in.
+LONG_PAUSE_S = 0.01
+LONG_PAUSES_KEPT = 32  # the most recent ones
+
+
+class LongPause(TypedDict):
+    at_unix_s: float  # when it ended
+    generation: int
+    pause_s: float
+    collected: int  # the objects it freed
 
 
 class GcFigures(TypedDict):
     """Collections since the watch began: per generation (0, 1, 2) the count, the seconds they
-    took and the longest; the objects in the permanent generation now (``gc.freeze``)."""
+    took and the longest; the latest collections of LONG_PAUSE_S or more; the objects in the
+    permanent generation (``gc.freeze``, ``read_frozen``)."""
 
     collections: list[int]
     pause_s: list[float]
     max_pause_s: list[float]
+    long_pauses: list[LongPause]
     frozen_objects: int
 
 
@@ -39,6 +54,7 @@ class GcWatch:
         self.max_pause_s = [0.0, 0.0, 0.0]
         self._started: dict[int, float] = {}  # thread id -> start of its collection
         self.frozen_objects = 0  # read_frozen's count
+        self.long_pauses: deque[LongPause] = deque(maxlen=LONG_PAUSES_KEPT)
         gc.callbacks.append(self._callback)
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
@@ -55,6 +71,12 @@ class GcWatch:
         self.pause_s[gen] += took_s
         if took_s > self.max_pause_s[gen]:
             self.max_pause_s[gen] = took_s
+        if took_s >= LONG_PAUSE_S:
+            collected = int(info.get("collected", 0))
+            at = round(time.time(), 3)
+            self.long_pauses.append(
+                LongPause(at_unix_s=at, generation=gen, pause_s=took_s, collected=collected)
+            )
 
     def read_frozen(self) -> int:
         """The objects in the permanent generation, counted until a count finds some (an empty
@@ -68,6 +90,7 @@ class GcWatch:
             collections=list(self.collections),
             pause_s=[round(s, 6) for s in self.pause_s],
             max_pause_s=[round(s, 6) for s in self.max_pause_s],
+            long_pauses=[{**p, "pause_s": round(p["pause_s"], 6)} for p in list(self.long_pauses)],
             frozen_objects=self.frozen_objects,
         )
 

@@ -75,6 +75,25 @@ def test_during_sums_collections_and_leftover_work_over_the_replicas_in_both() -
     }
 
 
+def test_long_pauses_are_counted_in_the_window_they_ended_in_over_every_replica() -> None:
+    from load_tests.benchmarks.first_seconds import long_pauses
+
+    def pause(at: float, gen: int, s: float) -> dict:
+        return {"at_unix_s": at, "generation": gen, "pause_s": s, "collected": 0}
+
+    reports = {
+        "a": {"gc": {"long_pauses": [pause(99.9, 2, 0.5), pause(100.0, 2, 0.08)]}},
+        "b": {"gc": {"long_pauses": [pause(105.0, 0, 0.011), pause(109.5, 2, 0.03)]}},
+        "c": {"gc": {"long_pauses": [pause(110.0, 2, 0.2)]}},  # the next window's
+        "old": {"gc": {"collections": [1, 0, 0]}},  # a report without the field
+    }
+    assert long_pauses(reports, 100.0, 110.0) == {
+        "count": [1, 0, 2],
+        "longest_s": [0.011, 0.0, 0.08],
+    }
+    assert long_pauses({}, 0.0, 1.0) == {"count": [0, 0, 0], "longest_s": [0.0, 0.0, 0.0]}
+
+
 def test_app_args_and_the_abba_order_of_two_arms() -> None:
     import argparse
 

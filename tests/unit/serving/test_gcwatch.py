@@ -4,7 +4,9 @@ collector's own callbacks."""
 from __future__ import annotations
 
 import gc
+import time
 
+from serve_app.serving import gcwatch
 from serve_app.serving.gcwatch import GcWatch
 
 
@@ -50,5 +52,29 @@ def test_the_frozen_objects_are_counted_until_some_are_found_then_never_again(
         for _ in range(10):
             assert watch.describe()["frozen_objects"] == 120_000
         assert len(calls) == 3
+    finally:
+        watch.close()
+
+
+def test_long_collections_are_listed_with_their_time_and_the_list_is_bounded(
+    monkeypatch,
+) -> None:
+    """Each collection of at least LONG_PAUSE_S is listed (the latest LONG_PAUSES_KEPT), with
+    when it ended, so that a slow second can be matched to a pause; shorter ones are not."""
+    watch = GcWatch()
+    try:
+        monkeypatch.setattr(gcwatch, "LONG_PAUSE_S", 3600.0)
+        gc.collect(2)
+        assert watch.describe()["long_pauses"] == []
+        monkeypatch.setattr(gcwatch, "LONG_PAUSE_S", 0.0)  # every collection counts as long
+        t0 = time.time()
+        for _ in range(gcwatch.LONG_PAUSES_KEPT + 5):
+            gc.collect(1)
+        gc.collect(2)
+        pauses = watch.describe()["long_pauses"]
+        assert len(pauses) == gcwatch.LONG_PAUSES_KEPT
+        assert pauses[-1]["generation"] == 2 and pauses[0]["generation"] == 1
+        assert all(t0 - 0.01 <= p["at_unix_s"] <= time.time() + 0.01 for p in pauses)
+        assert all(p["pause_s"] >= 0 and p["collected"] >= 0 for p in pauses)
     finally:
         watch.close()
