@@ -6,14 +6,29 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import httpx
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T], ok: Callable[[T], bool], timeout_s: float) -> T:
+    """Poll ``probe`` until ``ok``; on timeout fail with the last value seen."""
+    deadline = time.monotonic() + timeout_s
+    last = probe()
+    while not ok(last):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}; last: {last!r}")
+        time.sleep(0.25)
+        last = probe()
+    return last
 
 
 def wait_http(url: str, timeout_s: float = 60.0) -> None:

@@ -16,14 +16,15 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
 
 from serve_app.control import readings
+from tests.helpers import wait_for
 from tests.integration.conftest import Cluster
 
 APP = "controller"
@@ -66,8 +67,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # metrics_interval_s is deprecated in favour of environment variables that 2.60 does not read yet.
 pytestmark = pytest.mark.filterwarnings("ignore:The `metrics_interval_s`:DeprecationWarning")
 
-T = TypeVar("T")
-
 
 # --------------------------------------------------------------------------- helpers
 
@@ -93,18 +92,6 @@ def replica_states() -> dict[str, int]:
 
 def running(states: dict[str, int]) -> int:
     return states.get("RUNNING", 0)
-
-
-def wait_for(what: str, probe: Callable[[], T], ok: Callable[[T], bool], timeout_s: float) -> T:
-    """Poll ``probe`` until ``ok``; on timeout fail with the last value seen."""
-    deadline = time.monotonic() + timeout_s
-    last = probe()
-    while not ok(last):
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}; last: {last!r}")
-        time.sleep(0.25)
-        last = probe()
-    return last
 
 
 def memory_doc(base: str) -> dict[str, Any]:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
 import pytest
+
+from tests.helpers import wait_for
 
 MODEL = "all-MiniLM-L6-v2"
 ARGS = {
@@ -192,13 +193,12 @@ def test_concurrent_requests_are_batched(emb: str) -> None:
     assert [r.status_code for r in resps] == [200] * 100
     # Replicas report every second (serving/report.REPORT_PERIOD_S): the one read right after
     # the load may have been taken during it, items still queued; wait for one after it.
-    deadline = time.monotonic() + 10.0
-    while True:
-        report = httpx.get(f"{emb}/v1/memory").json()
-        mine = [r for r in report["replicas"] if r["app"] == MODEL]
-        if all(r["queued_items"] == 0 for r in mine) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    mine = wait_for(
+        "a report taken after the load",
+        lambda: [r for r in httpx.get(f"{emb}/v1/memory").json()["replicas"] if r["app"] == MODEL],
+        lambda reps: bool(reps) and all(r["queued_items"] == 0 for r in reps),
+        10.0,
+    )
     assert mine and max(r["largest_batch"] for r in mine) > 1, mine
     for r in mine:
         # the model worker's busy time is counted; nothing is left queued
