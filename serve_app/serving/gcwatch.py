@@ -74,8 +74,9 @@ class GcWatch:
         if took_s >= LONG_PAUSE_S:
             collected = int(info.get("collected", 0))
             at = round(time.time(), 3)
+            pause_s = round(took_s, 6)
             self.long_pauses.append(
-                LongPause(at_unix_s=at, generation=gen, pause_s=took_s, collected=collected)
+                LongPause(at_unix_s=at, generation=gen, pause_s=pause_s, collected=collected)
             )
 
     def read_frozen(self) -> int:
@@ -90,7 +91,7 @@ class GcWatch:
             collections=list(self.collections),
             pause_s=[round(s, 6) for s in self.pause_s],
             max_pause_s=[round(s, 6) for s in self.max_pause_s],
-            long_pauses=[{**p, "pause_s": round(p["pause_s"], 6)} for p in list(self.long_pauses)],
+            long_pauses=list(self.long_pauses),
             frozen_objects=self.frozen_objects,
         )
 
