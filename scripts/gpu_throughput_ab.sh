@@ -5,6 +5,7 @@
 # call weighs on both sides alike; ORDER sets another, e.g. "head base"), each run profiled by
 # scripts/gpu_throughput_profile.sh with the same arguments. A run starts only while RUN_S
 # seconds (default 125) are left of CALL_S (default 560, counted from T0, default now).
+# BASE_COMMIT names the base's commit in its results (the copied trees have no .git).
 # Usage, after the GPU host README's install line with .prof/py_spy-*.whl added to it and .whl,
 # .tools, .prof and the base checkout carried:
 #   BASE=.ab_base OUT=$OUT bash scripts/gpu_throughput_ab.sh --models minilm --replicas 8 \
@@ -30,6 +31,7 @@ for side in ${ORDER:-head base base head}; do
     OUT="$dir" bash scripts/gpu_throughput_profile.sh "$@" > "$dir.log" 2>&1
   else
     (cd "$BASE" && PYTHONPATH="/tmp/site:$BASE" OUT="$dir" \
+      SERVE_APP_CODE_COMMIT="${BASE_COMMIT:-${SERVE_APP_CODE_COMMIT:-}}" \
       bash "$ROOT/scripts/gpu_throughput_profile.sh" "$@") > "$dir.log" 2>&1
   fi
   rc=$?
