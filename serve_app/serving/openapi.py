@@ -64,7 +64,10 @@ class DeploymentHealth(BaseModel):
 
 
 class Readiness(BaseModel):
-    ready: bool = Field(description="Every deployment has at least one RUNNING replica")
+    ready: bool = Field(
+        description="Every application finished its first roll-out (all its replicas ran) and "
+        "every deployment has at least one RUNNING replica"
+    )
     reason: str
     degraded: list[str] = Field(
         description="app/deployment names running fewer replicas than their target, "
@@ -100,7 +103,9 @@ _STATUS_TEXT = {
     504: "Not answered within args.request_timeout_s; the request's work was dropped",
     507: "An input does not fit in the replica's GPU memory even alone",
 }
-NOT_READY = "Not ready: some deployment has no RUNNING replica"
+NOT_READY = (
+    "Not ready: an application is in its first roll-out, or a deployment has no RUNNING replica"
+)
 UNEXPECTED = "Unexpected server error (the body carries an error id; the log has the rest)"
 RETRY_AFTER = {
     "Retry-After": {
@@ -167,7 +172,11 @@ def build_openapi(
     routes."""
     schemas = component_schemas(*MODELS)
     schemas.update(operation.schemas)
-    ready = _get("Readiness: 200 while every deployment has a RUNNING replica", Readiness)
+    ready = _get(
+        "Readiness: 200 once every application's first roll-out is done, while every "
+        "deployment has a RUNNING replica",
+        Readiness,
+    )
     ready["get"]["responses"]["503"] = {"description": NOT_READY, **json_content(Readiness)}
     ready["get"]["parameters"] = [
         {

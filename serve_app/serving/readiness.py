@@ -4,11 +4,19 @@ A pure decision over Serve's instance details (the dict that ``serve.status()`` 
 ``applications -> deployments -> status, target_num_replicas, replicas[].state``), so it is
 tested without a cluster; ``serve_details`` at the bottom is the one call that fetches them.
 
-Ready means every application has at least one RUNNING replica of every deployment: a service
-that lost one replica of four still serves, so a load balancer or Kubernetes must keep sending
-it traffic (Serve replaces the replica meanwhile). A deployment is *degraded* when it runs
-fewer replicas than its target, is UNHEALTHY or DEPLOY_FAILED, or is UPDATING; degraded does
-not mean unready, and ``GET /readyz?verbose=1`` lists it with its counts.
+Ready means every application has finished its first roll-out (every deployment ran its target
+replicas at once, at least once) and every deployment has at least one RUNNING replica now.
+The first roll-out is waited for, as KubeRay waits for an application to be RUNNING, because
+until then the replicas still starting share the GPU and the host with the ones serving (their
+graph capture, calibration and imports) and HAProxy reloads as each joins: traffic sent then
+met p99s several times the steady state's (docs/benchmarks.md, "The first seconds after
+/readyz"). After it, a service that lost one replica of four still serves, so a load balancer
+or Kubernetes must keep sending it traffic (Serve replaces the replica meanwhile). Which
+applications have finished their first roll-out is kept cluster-wide by the registry actor
+(``SettledApps``), so that a replica started later (a replacement, a scale-up) answers as the
+others do. A deployment is *degraded* when it runs fewer replicas than its target, is
+UNHEALTHY or DEPLOY_FAILED, or is UPDATING; degraded does not mean unready, and
+``GET /readyz?verbose=1`` lists it with its counts.
 
 ``/readyz`` is open to anyone who reaches the port (probes carry no key), so each replica
 answers it from ``CachedReadiness``: at most one call to the Serve controller in flight, and
@@ -18,11 +26,14 @@ its answer reused for ``READYZ_MAX_AGE_S``, however many probes arrive.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+logger = logging.getLogger("serve_app")
 
 RUNNING = "RUNNING"
 HEALTHY = "HEALTHY"
@@ -101,24 +112,40 @@ def deployment_health(app: str, name: str, details: Mapping[str, Any]) -> Deploy
     )
 
 
-def decide(details: Mapping[str, Any]) -> Readiness:
-    """Ready when there is an application and every deployment of every application has at
-    least one RUNNING replica. ``details`` is Serve's instance-details dict (or any mapping
-    with its ``applications`` shape)."""
+def full_now(details: Mapping[str, Any]) -> set[str]:
+    """The applications every deployment of which runs its target replicas now (at least one)."""
+    apps: Mapping[str, Any] = details.get("applications") or {}
+    full = set()
+    for app_name, app in apps.items():
+        deps: Mapping[str, Any] = app.get("deployments") or {}
+        healths = [deployment_health(app_name, n, d) for n, d in deps.items()]
+        if healths and all(h.running >= max(1, h.target) for h in healths):
+            full.add(app_name)
+    return full
+
+
+def decide(details: Mapping[str, Any], settled: Collection[str] | None = None) -> Readiness:
+    """Ready when there is an application, every application has finished its first roll-out
+    (is in ``settled``, or runs every target replica now) and every deployment of every
+    application has at least one RUNNING replica. ``details`` is Serve's instance-details dict
+    (or any mapping with its ``applications`` shape); ``settled`` None leaves the first
+    roll-out out of the decision."""
     apps: Mapping[str, Any] = details.get("applications") or {}
     if not apps:
         return Readiness(False, "no application is deployed", [])
+    full = full_now(details) if settled is not None else set()
     deployments: list[DeploymentHealth] = []
     blocking: list[str] = []
     for app_name, app in sorted(apps.items()):
         deps: Mapping[str, Any] = app.get("deployments") or {}
         if not deps:
             blocking.append(f"{app_name} has no deployment yet ({_status(app.get('status'))})")
-        for dep_name, dep in sorted(deps.items()):
-            health = deployment_health(app_name, dep_name, dep)
-            deployments.append(health)
-            if health.running == 0:
-                blocking.append(f"{health.name} has no RUNNING replica")
+        healths = [deployment_health(app_name, n, d) for n, d in sorted(deps.items())]
+        deployments += healths
+        blocking += [f"{h.name} has no RUNNING replica" for h in healths if h.running == 0]
+        if settled is not None and deps and app_name not in settled and app_name not in full:
+            counts = ", ".join(f"{h.name} {h.running} of {h.target} running" for h in healths)
+            blocking.append(f"{app_name} is in its first roll-out ({counts})")
     if blocking:
         return Readiness(False, "; ".join(blocking), deployments)
     degraded = sum(d.degraded for d in deployments)
@@ -130,6 +157,45 @@ def decide(details: Mapping[str, Any]) -> Readiness:
     return Readiness(True, reason, deployments)
 
 
+# How long a replica waits for the registry's list of settled applications.
+REGISTRY_TIMEOUT_S = 5.0
+
+
+def _registry_settle(new: list[str]) -> list[str]:
+    """Adds ``new`` to the registry's settled applications and returns them all (blocking)."""
+    import ray
+
+    from serve_app.serving.registry import get_registry
+
+    settled: list[str] = ray.get(get_registry().settle.remote(new), timeout=REGISTRY_TIMEOUT_S)
+    return settled
+
+
+class SettledApps:
+    """The applications that have finished their first roll-out. The set only grows, so each
+    replica caches it and asks the registry (``settle``: add these, return all) only when an
+    application it has not seen settle is deployed or one has just settled. If the registry does
+    not answer, what this replica saw itself still counts, and it asks again next time."""
+
+    def __init__(self, settle: Callable[[list[str]], list[str]] = _registry_settle):
+        self._settle = settle
+        self._known: set[str] = set()
+
+    def update(self, apps: Collection[str], full: Collection[str]) -> set[str]:
+        """The settled applications, given those deployed (``apps``) and those running every
+        target replica now (``full``, which settle now)."""
+        new = set(full) - self._known
+        if new or not set(apps) <= self._known:
+            try:
+                self._known |= set(self._settle(sorted(new)))
+            except Exception as exc:  # noqa: BLE001 - the registry's failure is not ours
+                logger.warning(
+                    "readiness: the registry did not answer (%s: %s)", type(exc).__name__, exc
+                )
+            self._known |= new
+        return set(self._known)
+
+
 def serve_details() -> dict[str, Any]:
     """Serve's instance details from its controller (blocking: call it off the event loop)."""
     from serve_app.startup import ray_compat
@@ -137,14 +203,18 @@ def serve_details() -> dict[str, Any]:
     return ray_compat.serve_details()
 
 
-def current() -> Readiness:
+SETTLED = SettledApps()
+
+
+def current(settled: SettledApps = SETTLED) -> Readiness:
     """The decision over Serve's details now; not ready (with the reason) when they cannot be
     read, so a probe answers 503 rather than an error (blocking: call it off the loop)."""
     try:
         details = serve_details()
     except Exception as exc:  # noqa: BLE001 - any failure to read the status means "not ready"
         return Readiness(False, f"cannot read Serve's status: {type(exc).__name__}: {exc}", [])
-    return decide(details)
+    apps = list(details.get("applications") or {})
+    return decide(details, settled.update(apps, full_now(details)))
 
 
 # How long a replica reuses the controller's answer for /readyz: probes come every few seconds,

@@ -25,12 +25,18 @@ HEAD_NODE_RESOURCE = "node:__internal_head__"
 class Registry:
     def __init__(self) -> None:
         self._reports: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._settled: set[str] = set()  # applications past their first roll-out (readiness)
 
     def put(self, key: str, report: dict[str, Any]) -> None:
         self._reports[key] = (time.monotonic(), report)
 
     def remove(self, key: str) -> None:
         self._reports.pop(key, None)
+
+    def settle(self, apps: list[str]) -> list[str]:
+        """Adds ``apps`` to the applications that finished their first roll-out; all of them."""
+        self._settled.update(apps)
+        return sorted(self._settled)
 
     def all(self, max_age_s: float) -> list[dict[str, Any]]:
         now = time.monotonic()
@@ -50,6 +56,10 @@ class _All(Protocol):
     def remote(self, max_age_s: float) -> ObjectRef[list[dict[str, Any]]]: ...
 
 
+class _Settle(Protocol):
+    def remote(self, apps: list[str]) -> ObjectRef[list[str]]: ...
+
+
 class RegistryHandle(Protocol):
     """The registry actor as its Ray handle offers it: each method called with ``.remote``."""
 
@@ -58,6 +68,9 @@ class RegistryHandle(Protocol):
 
     @property
     def all(self) -> _All: ...
+
+    @property
+    def settle(self) -> _Settle: ...
 
 
 def get_registry() -> RegistryHandle:

@@ -315,9 +315,9 @@ class ModelServer:
         return json_response({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
-        """200 while every deployment has a RUNNING replica (readiness.decide; cached about a
-        second); ``?verbose=1`` adds every deployment's counts, and needs a key when keys
-        are set."""
+        """200 once each application's first roll-out is done and while every deployment has
+        a RUNNING replica (readiness.decide; cached about a second); ``?verbose=1`` adds every
+        deployment's counts, and needs a key when keys are set."""
         verbose = request.query_params.get("verbose", "") not in ("", "0", "false")
         if verbose and self._api_keys.enabled:
             try:

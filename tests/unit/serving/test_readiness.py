@@ -1,4 +1,5 @@
-"""serving.readiness: ready while every deployment has a RUNNING replica; degraded listed."""
+"""serving.readiness: ready once each application's first roll-out is done and while every
+deployment has a RUNNING replica; degraded listed."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from serve_app.serving.readiness import CachedReadiness, Readiness, decide
+from serve_app.serving.readiness import CachedReadiness, Readiness, SettledApps, decide, full_now
 
 
 def dep(status: str, target: int, *states: str) -> dict[str, Any]:
@@ -117,6 +118,62 @@ def test_enum_values_are_read_as_their_strings() -> None:
     assert state.ready is True
     assert state.deployments[0].status == "HEALTHY"
     assert state.deployments[0].replica_states == {"RUNNING": 1}
+
+
+def test_an_application_in_its_first_roll_out_is_not_ready_until_every_replica_runs() -> None:
+    starting = details(emb={"model": dep("UPDATING", 4, "RUNNING", "RUNNING", "STARTING")})
+    state = decide(starting, settled=set())
+    assert state.ready is False
+    assert state.reason == "emb is in its first roll-out (emb/model 2 of 4 running)"
+    assert state.to_json()["degraded"] == ["emb/model"]
+    # Once every replica ran, it is settled: a replica lost later leaves it ready, degraded.
+    assert decide(starting, settled={"emb"}).ready is True
+    full = details(emb={"model": dep("HEALTHY", 4, *["RUNNING"] * 4)})
+    assert full_now(full) == {"emb"} and decide(full, settled=set()).ready is True
+    # Without the settled set (None) the first roll-out is not part of the decision.
+    assert decide(starting).ready is True
+
+
+def test_full_now_needs_every_deployment_at_its_target_and_one_replica_at_least() -> None:
+    raw = details(
+        rag={"embed": dep("HEALTHY", 1, "RUNNING"), "rerank": dep("UPDATING", 2, "RUNNING")},
+        cls={"model": dep("HEALTHY", 0)},
+        emb={"model": dep("HEALTHY", 2, "RUNNING", "RUNNING", "STOPPING")},
+    )
+    assert full_now(raw) == {"emb"}
+    state = decide(raw, settled={"cls"})
+    assert state.reason == (
+        "cls/model has no RUNNING replica; rag is in its first roll-out "
+        "(rag/embed 1 of 1 running, rag/rerank 1 of 2 running)"
+    )
+
+
+def test_settled_apps_ask_the_registry_only_about_what_they_have_not_seen_settle() -> None:
+    registry: set[str] = {"old"}
+    asked: list[list[str]] = []
+
+    def settle(new: list[str]) -> list[str]:
+        asked.append(new)
+        registry.update(new)
+        return sorted(registry)
+
+    apps = SettledApps(settle)
+    # A replica started after "old" settled learns it from the registry (a replacement).
+    assert apps.update(["old", "emb"], full=[]) == {"old"}
+    assert apps.update(["old", "emb"], full=["emb"]) == {"old", "emb"}
+    assert registry == {"old", "emb"} and asked == [[], ["emb"]]
+    # Everything deployed is known: no more calls, whatever runs now.
+    assert apps.update(["old", "emb"], full=[]) == {"old", "emb"}
+    assert len(asked) == 2
+
+
+def test_settled_apps_keep_what_they_saw_when_the_registry_fails(caplog) -> None:
+    def settle(new: list[str]) -> list[str]:
+        raise TimeoutError("registry gone")
+
+    apps = SettledApps(settle)
+    assert apps.update(["emb", "img"], full=["emb"]) == {"emb"}
+    assert "the registry did not answer (TimeoutError: registry gone)" in caplog.text
 
 
 def test_an_unreadable_status_is_not_ready(monkeypatch) -> None:
