@@ -376,6 +376,137 @@ def r_run_n(ctx: Ctx) -> str:
     return _run_as_rendered(ctx, RUN_N)
 
 
+# 2026-12-04, a later lease: the layout of runs J and M at 33838cf (CUDA graphs to batch 256).
+RUN_O = "O_minilm_r12_16cores_shared_33838cf"
+# The same lease: ResNet-50 at 16 x 0.06, time-sliced (with the client phase), then under MPS.
+RUN_P_TS = "P_resnet_r16_16cores_shared_33838cf"
+RUN_P_MPS = "P_resnet_r16_16cores_shared_mps_33838cf"
+
+
+def r_run_o(ctx: Ctx) -> str:
+    return _run_as_rendered(ctx, RUN_O)
+
+
+def _wrk_try(row: Row, connections: int) -> Row:
+    return next(t for t in row["tries"] if t["connections"] == connections)
+
+
+def _try_rate(row: Row, connections: int) -> float:
+    """A wrk row's requests/s at one connection count (its tries)."""
+    return float(_wrk_try(row, connections)["requests_per_s"])
+
+
+def _served_row(r: Run, client: str) -> Row:
+    rows = r.served(client=client)
+    assert len(rows) == 1, (r.name, client)
+    return rows[0]
+
+
+def _one_text_vs_noop(ctx: Ctx, name: str) -> tuple[Row, Row]:
+    """A run's serve_app wrk row at one text a request and its no-op wrk row."""
+    rows = run(ctx, name).rows
+    serve = next(
+        x
+        for x in rows
+        if x.get("setup") == "serve_app" and x["client"] == "wrk" and x["inputs_per_request"] == 1
+    )
+    noop = next(x for x in rows if x.get("setup") == "ray_serve_noop" and x["client"] == "wrk")
+    return serve, noop
+
+
+def r_run_o_vs_noop(ctx: Ctx) -> str:
+    """Run O, one text a request: serve_app against the no-op, best against best (each at the
+    connection count that carried most) and at each connection count."""
+    serve, noop = _one_text_vs_noop(ctx, RUN_O)
+    best = float(serve["requests_per_s"]) / float(noop["requests_per_s"])
+    each = [
+        f"{fmt_x(_try_rate(serve, c) / _try_rate(noop, c))} at {c:,} connections "
+        f"({fmt_rate(_try_rate(serve, c))} against {fmt_rate(_try_rate(noop, c))})"
+        for c in sorted(int(t["connections"]) for t in noop["tries"])
+    ]
+    return (
+        f"{fmt_rate(serve['requests_per_s'])} against {fmt_rate(noop['requests_per_s'])} req/s, "
+        f"best against best: {fmt_x(best)}; {', '.join(each)}"
+    )
+
+
+def r_run_o_cpu_vs_noop(ctx: Ctx) -> str:
+    """Run O, one text a request: server CPU per request against the no-op's (the wrk rows, as
+    the CPU table shows them)."""
+    serve, noop = _one_text_vs_noop(ctx, RUN_O)
+    a, b = (
+        float(serve["server_cpu_s_per_1000_requests"]),
+        float(noop["server_cpu_s_per_1000_requests"]),
+    )
+    return f"{a:.3f} against {b:.3f} s per 1,000 requests: {fmt_x(a / b)}"
+
+
+def r_run_p(ctx: Ctx) -> str:
+    """Run P: ResNet-50 at 16 x 0.06, time-sliced and under serve_app's MPS mode, side by side;
+    then the client's ceiling for the payload (measured in the time-sliced call only)."""
+    body = []
+    runs = [run(ctx, RUN_P_TS), run(ctx, RUN_P_MPS)]
+    conns = sorted({int(t["connections"]) for r in runs for t in _served_row(r, "wrk")["tries"]})
+    for r in runs:
+        w, ol = _served_row(r, "wrk"), _served_row(r, "open-loop")
+        tries = [_wrk_try(w, c) for c in conns]
+        both = " / ".join
+        body.append(
+            [
+                ctx.link(f"{TP_DIR}/{r.name}/", "time-sliced" if not r.mps else "MPS"),
+                layout(w),
+                f"wrk, {both(f'c{c}' for c in conns)}",
+                both(fmt_rate(t["requests_per_s"]) for t in tries),
+                both(fmt_ms(t["p50_ms"]) for t in tries),
+                both(fmt_ms(t["p99_ms"]) for t in tries),
+                both(str(t["errors"]) for t in tries),
+                both(f"{float(t['server_cpu_s_per_1000_requests']):.3f}" for t in tries),
+                budget_cell(w),
+            ]
+        )
+        body.append(
+            [
+                ctx.link(f"{TP_DIR}/{r.name}/", "time-sliced" if not r.mps else "MPS"),
+                layout(ol),
+                f"open-loop at {fmt_rate(ol['offered_per_s'])}/s"
+                + (
+                    " (fell behind)"
+                    if "open-loop client fell behind its schedule" in ol["flags"]
+                    else ""
+                ),
+                fmt_rate(ol["requests_per_s"]),
+                fmt_ms(ol["p50_ms"]),
+                fmt_ms(ol["p99_ms"]),
+                str(ol["errors"]),
+                f"{float(ol['server_cpu_s_per_1000_requests']):.3f}",
+                budget_cell(ol),
+            ]
+        )
+    header = ["GPU sharing", "replicas x GPU", "client", "images/s", "p50", "p99", "errors"]
+    header += ["server CPU s / 1,000 req", "over budget (of NVML samples)"]
+    ts, mps = (_served_row(r, "wrk") for r in runs)
+    ratios = ", ".join(
+        f"{fmt_x(_try_rate(mps, c) / _try_rate(ts, c))} at {c:,} connections" for c in conns
+    )
+    ceiling = next(
+        x for x in runs[0].rows if x.get("setup") == "client_ceiling" and x["client"] == "wrk"
+    )
+    best = max(float(x["requests_per_s"]) for x in (ts, mps))
+    return "\n".join(
+        [
+            table(header, body),
+            "",
+            f"MPS against time-sliced, wrk: {ratios}. The client's own ceiling for this payload "
+            f"(wrk against HAProxy's static no-op on the same cores, {ceiling['connections']:,} "
+            f"connections), measured in the time-sliced call: "
+            f"{fmt_rate(ceiling['requests_per_s'])} requests/s, "
+            f"{float(ceiling['requests_per_s']) / best:.0f} times the best row above. The MPS "
+            "call ran `--phases serve` alone, so its own tables say "
+            '"client ceiling not measured".',
+        ]
+    )
+
+
 RUN_CPU_PIPELINE = "K_cpu_minilm_l0_pipeline"  # 2026-12-03, three runs on the 2-core CPU host
 
 
@@ -414,6 +545,10 @@ RENDERERS: dict[str, tuple[str, Renderer]] = {
     "throughput-run-peers-16": (BLOCK, r_run_peers_16),
     "throughput-run-m": (BLOCK, r_run_m),
     "throughput-run-n": (BLOCK, r_run_n),
+    "throughput-run-o": (BLOCK, r_run_o),
+    "throughput-run-o-vs-noop": (INLINE, r_run_o_vs_noop),
+    "throughput-run-o-cpu-vs-noop": (INLINE, r_run_o_cpu_vs_noop),
+    "throughput-run-p": (BLOCK, r_run_p),
     "throughput-runs": (BLOCK, r_throughput_runs),
     "throughput-minilm-1": (BLOCK, r_minilm_1),
     "throughput-minilm-16": (BLOCK, r_minilm_16),
