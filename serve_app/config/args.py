@@ -225,11 +225,13 @@ class AppArgs(BaseModel):
         "batch's launch then costs microseconds of CPU, not milliseconds. false runs every "
         "batch eagerly.",
     )
-    cuda_graph_max_batch_size: int = Field(
-        default=64,
+    cuda_graph_max_batch_size: int | None = Field(
+        default=None,
         ge=1,
         le=4096,
-        description="Largest batch run through a CUDA graph; larger batches run eagerly.",
+        description="Largest batch run through a CUDA graph; larger batches run eagerly. "
+        "Default: memory.calibration_max_batch_size (256) for the text families, whose batches of "
+        "short inputs grow that large and whose graphs are small; 64 for the others.",
     )
     cuda_graph_startup_budget_s: float = Field(
         default=5.0,
@@ -238,7 +240,7 @@ class AppArgs(BaseModel):
         description="Seconds of CUDA graph capture start-up may spend (largest shapes first), "
         "counting the model's first launch, which loads its kernels; the shapes left are "
         "captured between batches once the replica serves, and run eagerly until then. The "
-        "default covers every shape of the shipped text models (about 1.5 s on an H200), so "
+        "default covers every shape of the shipped text models (about 3 s on an H200), so "
         "that the first requests do not wait on captures. 0 captures every shape after the "
         "replica serves.",
     )

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from serve_app.config.args import TOKEN_FAMILIES
+
 if TYPE_CHECKING:
     from serve_app.config.args import AppArgs
     from serve_app.gpu.snapshot import DeviceMemory
@@ -42,6 +44,8 @@ logger = logging.getLogger("serve_app")
 Tensors = tuple[torch.Tensor, ...]
 # Eager runs on a side stream before each capture (cuDNN/cuBLAS choices, lazy kernel loading).
 CAPTURE_WARMUP_RUNS = 2
+# The largest graphed batch of the families whose batches are not packed by tokens.
+DEFAULT_GRAPH_BATCH_LIMIT = 64
 
 
 def graph_batch_sizes(limit: int) -> list[int]:
@@ -349,11 +353,15 @@ class GraphSet:
 
 
 def graph_batch_limit(args: AppArgs) -> int:
-    """The largest batch captured as a CUDA graph: ``cuda_graph_max_batch_size``, within
-    ``max_batch_size`` when that is set."""
-    return min(
-        args.cuda_graph_max_batch_size, args.max_batch_size or args.cuda_graph_max_batch_size
+    """The largest batch captured as a CUDA graph: ``cuda_graph_max_batch_size`` (by default
+    ``calibration_max_batch_size`` for the text families, else ``DEFAULT_GRAPH_BATCH_LIMIT``),
+    within ``max_batch_size`` when that is set."""
+    limit = args.cuda_graph_max_batch_size or (
+        args.memory.calibration_max_batch_size
+        if args.adapter in TOKEN_FAMILIES
+        else DEFAULT_GRAPH_BATCH_LIMIT
     )
+    return min(limit, args.max_batch_size or limit)
 
 
 def text_batch_shape(

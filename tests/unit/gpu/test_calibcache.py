@@ -76,7 +76,7 @@ def test_replica_key_holds_what_decides_calibration(monkeypatch) -> None:
     assert key["torch_version"] == str(torch.__version__)
     assert key["dtype"] == "float16" and key["max_tokens"] == 128 and key["max_batch_size"] == 256
     assert key["cap_bytes"] == CAP and key["cuda_graphs"] is True
-    assert key["cuda_graph_max_batch_size"] == 64 and key["arch"] is None
+    assert key["cuda_graph_max_batch_size"] == 256 and key["arch"] is None
     image = calibcache.replica_key(args, {"arch": "resnet50"}, part, 256)
     assert image["arch"] == "resnet50" and image["max_tokens"] is None
     for field in ("serve_app_version", "model_name", "model_path", "adapter", "image_size"):

@@ -28,6 +28,7 @@ from serve_app.gpu.graphs import (
     GraphMemory,
     GraphSet,
     bucket_for,
+    graph_batch_limit,
     graph_batch_sizes,
 )
 from serve_app.gpu.snapshot import DeviceMemory
@@ -61,9 +62,23 @@ def test_bucket_for() -> None:
 
 def test_config_fields() -> None:
     args = parse_args({})
-    assert args.cuda_graphs is True and args.cuda_graph_max_batch_size == 64
+    assert args.cuda_graphs is True and args.cuda_graph_max_batch_size is None
     with pytest.raises(ConfigError, match="cuda_graph_max_batch_size"):
         parse_args({"cuda_graph_max_batch_size": 0})
+
+
+def test_graph_batch_limit_defaults_by_family() -> None:
+    # Text batches of short inputs reach the calibration cap; images stay at 64.
+    assert graph_batch_limit(parse_args({"adapter": "embeddings"})) == 256
+    assert graph_batch_limit(parse_args({"adapter": "rerank"})) == 256
+    text = {"adapter": "text-classification", "memory": {"calibration_max_batch_size": 512}}
+    assert graph_batch_limit(parse_args(text)) == 512
+    assert graph_batch_limit(parse_args({"adapter": "image-classification"})) == 64
+    # An explicit limit wins, within max_batch_size.
+    assert graph_batch_limit(parse_args({"cuda_graph_max_batch_size": 128})) == 128
+    assert graph_batch_limit(parse_args({"max_batch_size": 32})) == 32
+    images = {"adapter": "image-classification", "cuda_graph_max_batch_size": 128}
+    assert graph_batch_limit(parse_args({**images, "max_batch_size": 96})) == 96
 
 
 class CpuGraphSet(GraphSet):
