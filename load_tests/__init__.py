@@ -1,7 +1,7 @@
 """Load tools for serve_app, in three rooms (one-off probes live in research/ at the root):
 
 - ``harness``: what the tools share: a local cluster (``cluster``, ``ray_nodes``), the load
-  generators (``load``: httpx closed and open loops; ``openloop``: aiohttp processes; ``wrk``;
+  generators (``load``: httpx closed and open loops; ``openloop``: asyncio processes; ``wrk``;
   ``schedule``), NVML (``nvml``), a memory hog (``hog``), plots (``plots``, the extra ``plots``),
   the run's log and JSON (``run``) and the provenance every result records (``meta``);
 - user-facing tools: ``python -m load_tests.bench`` (open-loop load against a running server),

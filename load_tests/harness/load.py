@@ -2,8 +2,9 @@
 loop of client threads that records every answer and the replica that gave it; ``open_loop``, an
 open loop at a fixed rate in one or several processes; ``capacity``, the rate a closed loop gets
 answered; and how an answer counts (``classify``, ``tally``): ok, failed (a deliberate JSON
-refusal) or lost. The throughput benchmark's open loop is load_tests.harness.openloop (aiohttp,
-for tens of thousands of requests a second); its closed loop is wrk (load_tests.harness.wrk).
+refusal) or lost. The throughput benchmark's open loop is load_tests.harness.openloop (asyncio
+processes with a lean HTTP/1.1 client, for tens of thousands of requests a second); its closed
+loop is wrk (load_tests.harness.wrk).
 """
 
 from __future__ import annotations

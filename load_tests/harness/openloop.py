@@ -1,16 +1,17 @@
-"""The open-loop client: aiohttp (on uvloop when present) in several processes, each pinned to
-one client core, sending at a fixed Poisson (or constant) rate.
+"""The open-loop client: asyncio (on uvloop when present) with a lean HTTP/1.1 client
+(load_tests.harness.rawhttp) in several processes, each pinned to one client core, sending at a
+fixed Poisson (or constant) rate.
 
 Each request is sent at its scheduled time whether or not earlier ones have answered, and its
 latency is measured from that scheduled time, so a slow server (or a late client) shows in the
 latency instead of silently lowering the rate (no coordinated omission). Each process records
 how late it actually sent (``send lag``) and its CPU use, so a client that falls behind is seen.
 
-Why aiohttp and not httpx (load_tests.bench): httpx's pool costs several times more CPU per
-request; aiohttp on uvloop sends a few thousand requests/s per core, so 16 processes offer well
-over 25,000 requests/s. The processes are started once (``OpenLoopPool``) and take one job per
-rate point on stdin, answering one JSON line on stdout (latencies go to a .npy file). A
-``.bodies`` file gives several bodies, sent in turn (load_tests.harness.bodies).
+Why not httpx (load_tests.bench) or aiohttp, which it used before: their pools cost several
+times more CPU per request (rawhttp's docstring), and on a host whose cores the server shares the
+client's CPU is taken from the server. The processes are started once (``OpenLoopPool``) and
+take one job per rate point on stdin, answering one JSON line on stdout (latencies go to a .npy
+file). A ``.bodies`` file gives several bodies, sent in turn (load_tests.harness.bodies).
 
 A job may also run until told to stop (``stop_path``: the scenario of tests/gpu's controller
 test decides when), writing its running counts to ``progress_path`` a few times a second.
@@ -38,6 +39,7 @@ import numpy as np
 
 from load_tests.harness.bodies import read_bodies
 from load_tests.harness.meta import ROOT
+from load_tests.harness.rawhttp import ConnectError, RawPool, ReadError
 
 READY = "OPENLOOP_READY"
 MIN_SLEEP_S = 0.001
@@ -137,22 +139,17 @@ def schedule(rate_per_s: float, total_s: float, seed: int, poisson: bool) -> np.
 
 def _error_code(exc: BaseException) -> int:
     """The STATUS_CODES code of a transport error."""
-    import aiohttp
-
-    if isinstance(exc, asyncio.TimeoutError | TimeoutError):
+    if isinstance(exc, TimeoutError):  # before OSError, of which it is one
         return STATUS_CODES["timeout"]
-    if isinstance(exc, aiohttp.ClientConnectorError):
+    if isinstance(exc, ConnectError):
         return STATUS_CODES["connect"]
-    if isinstance(exc, aiohttp.ClientOSError):
-        return STATUS_CODES["write"]
-    # Disconnects, payload and protocol errors: the answer did not arrive whole.
-    return STATUS_CODES["read"]
+    if isinstance(exc, ReadError):  # closed or unparsable before the answer was whole
+        return STATUS_CODES["read"]
+    return STATUS_CODES["write"]
 
 
 async def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
     """One rate point in this process (see OpenLoopPool.point for the fields)."""
-    import aiohttp
-
     bodies = read_bodies(Path(job["body_path"]))  # sent in turn, from this worker's offset
     offset = int(job.get("body_offset", 0))
     total_s = job["warmup_s"] + job["duration_s"]
@@ -163,8 +160,9 @@ async def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
     status = np.zeros(n, dtype=np.int32)  # the HTTP status, or a STATUS_CODES code
     loop = asyncio.get_running_loop()
     clock = time.perf_counter  # uvloop's loop.time() ticks in whole milliseconds
-    connector = aiohttp.TCPConnector(limit=job["connections"], limit_per_host=0)
-    timeout = aiohttp.ClientTimeout(total=job["timeout_s"])
+    # Only Host, Content-Type and Content-Length, as wrk sends: no compressed answers.
+    pool = RawPool(job["url"], job["method"], job["headers"], job["connections"])
+    timeout_s = job["timeout_s"]
     pending: set[asyncio.Task[None]] = set()
     stop_path, progress_path = job.get("stop_path"), job.get("progress_path")
     # sent, dropped, 2xx, not 2xx (transport errors included): for progress_path
@@ -176,30 +174,19 @@ async def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
         await asyncio.sleep(delay_s)
     start_late_s = max(0.0, -delay_s)
     cpu0 = time.process_time()
-    async with aiohttp.ClientSession(
-        connector=connector,
-        timeout=timeout,
-        auto_decompress=False,
-        # Only Host, Content-Type and Content-Length, as wrk sends: no compressed answers.
-        skip_auto_headers=["Accept", "Accept-Encoding", "User-Agent"],
-    ) as session:
+    try:
         t0 = clock()
 
         async def send(i: int) -> None:
             due = t0 + times[i]
             lag[i] = clock() - due
             try:
-                async with session.request(
-                    job["method"],
-                    job["url"],
-                    data=bodies[(offset + i) % len(bodies)],
-                    headers=job["headers"],
-                ) as resp:
-                    answer = await resp.read()
-                    status[i] = resp.status
-                    if not 200 <= resp.status < 300 and len(error_samples) < ERROR_SAMPLES:
-                        error_samples.append(f"{resp.status}: {answer[:300]!r}")
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                async with asyncio.timeout(timeout_s):
+                    code, answer = await pool.request(bodies[(offset + i) % len(bodies)])
+                status[i] = code
+                if not 200 <= code < 300 and len(error_samples) < ERROR_SAMPLES:
+                    error_samples.append(f"{code}: {answer[:300]!r}")
+            except OSError as exc:  # TimeoutError, ConnectError, ReadError and the rest
                 status[i] = _error_code(exc)
                 if len(error_samples) < ERROR_SAMPLES:
                     error_samples.append(f"{type(exc).__name__}: {str(exc)[:300]}")
@@ -240,6 +227,8 @@ async def run_job(job: Mapping[str, Any]) -> dict[str, Any]:
             task.cancel()
         if pending:
             await asyncio.wait(set(pending), timeout=2.0)
+    finally:
+        pool.close()
     wall_s = clock() - t0
     cpu_s = time.process_time() - cpu0
     if progress_path:
@@ -293,8 +282,6 @@ def _run(coro: Any) -> Any:
 
 def worker_main() -> int:
     """A pool worker: one JSON job per stdin line, one JSON result per stdout line."""
-    import aiohttp  # noqa: F401 - imported before READY so that the first job starts on time
-
     print(READY, flush=True)
     for line in sys.stdin:
         if not line.strip():

@@ -5,7 +5,7 @@ starts serve_app the way ``serve-app run`` does (serve_app.ops.launch, HAProxy i
 weights, real defaults otherwise) on the server cores, and measures:
 
 - the maximum throughput with wrk (closed loop, a few connection counts, the best kept);
-- the latency at 80% of that rate with an open-loop aiohttp client in several processes
+- the latency at 80% of that rate with an open-loop client in several processes
   (latency from the scheduled send time: no coordinated omission);
 - NVML per-process bytes every 0.1 s against each replica's ``budget_bytes``;
 
@@ -39,7 +39,7 @@ the in-process ceiling on the same texts. A setup the time budget does not reach
 measure again (the whole matrix takes more than one 10-minute run on the GPU host).
 
 Modules: ``options`` (command line, cores), ``payload`` (request and answer bodies), ``wrk``
-(script, command, output), ``openloop`` (the aiohttp client processes), ``noop_server``
+(script, command, output), ``openloop`` (the open-loop client processes), ``noop_server``
 (HAProxy's static no-op), ``noop_app`` (plain Ray Serve's no-op), ``stats`` and ``rows`` (pure
 functions), ``measure`` (one target, both clients), ``setups`` (configs, payloads and time
 estimates per job), ``serve`` (the Ray session and its jobs), ``workers`` (subprocesses),
