@@ -540,6 +540,37 @@ def r_cpu_pipeline(ctx: Ctx) -> str:
     return table(header, body)
 
 
+OPENLOOP_CLIENT_RUNS = (
+    "openloop_client/aiohttp_95cd153_run1.json",
+    "openloop_client/rawhttp_a8e6750_run1.json",
+    "openloop_client/aiohttp_95cd153_run2.json",
+    "openloop_client/rawhttp_a8e6750_run2.json",
+)
+
+
+def r_openloop_client(ctx: Ctx) -> str:
+    """The open-loop client's own cost, aiohttp against rawhttp, rate by rate, in run order."""
+    body = []
+    for rel in OPENLOOP_CLIENT_RUNS:
+        doc = load(ctx.results / rel)
+        for p in doc["points"]:
+            body.append(
+                [
+                    ctx.link(rel, doc["label"]),
+                    fmt_rate(p["offered_per_s"]),
+                    fmt_rate(p["requests_per_s"]),
+                    f"{p['client_cpu_frac_max']:.2f}",
+                    fmt_ms(p["p50_ms"]),
+                    fmt_ms(p["p99_ms"]),
+                    fmt_ms(p["send_lag_p99_ms"]),
+                    "yes" if p["client_keeps_up"] else "**no**",
+                ]
+            )
+    header = ["client (commit)", "offered req/s", "answered req/s", "client core used"]
+    header += ["p50", "p99", "send lag p99", "kept its schedule"]
+    return table(header, body)
+
+
 RENDERERS: dict[str, tuple[str, Renderer]] = {
     "throughput-cpu-pipeline": (BLOCK, r_cpu_pipeline),
     "throughput-run-peers-16": (BLOCK, r_run_peers_16),
@@ -549,6 +580,7 @@ RENDERERS: dict[str, tuple[str, Renderer]] = {
     "throughput-run-o-vs-noop": (INLINE, r_run_o_vs_noop),
     "throughput-run-o-cpu-vs-noop": (INLINE, r_run_o_cpu_vs_noop),
     "throughput-run-p": (BLOCK, r_run_p),
+    "openloop-client": (BLOCK, r_openloop_client),
     "throughput-runs": (BLOCK, r_throughput_runs),
     "throughput-minilm-1": (BLOCK, r_minilm_1),
     "throughput-minilm-16": (BLOCK, r_minilm_16),
