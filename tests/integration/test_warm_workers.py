@@ -15,8 +15,10 @@ import psutil
 import pytest
 
 from serve_app.startup import warmpool
+from tests.helpers import wait_for
 
 MODEL = "warm-minilm"
+WAIT_S = 120.0
 ARGS = {"adapter": "embeddings", "model_name": MODEL, "max_batch_size": 8, "warm_workers": 2}
 OPTIONS: dict[str, dict[str, Any]] = {"ray_actor_options": {"num_cpus": 0.25}}
 
@@ -24,17 +26,6 @@ OPTIONS: dict[str, dict[str, Any]] = {"ray_actor_options": {"num_cpus": 0.25}}
 def mine(base: str) -> list[dict[str, Any]]:
     reports = httpx.get(f"{base}/v1/memory", timeout=30.0).json()["replicas"]
     return [r for r in reports if r["app"] == MODEL]
-
-
-def wait_for(what: str, check: Any, timeout_s: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"{what}: not after {timeout_s:.0f} s; last {last!r}")
 
 
 def settled(pids: set[int]) -> bool:
@@ -80,6 +71,8 @@ def test_scale_up_starts_in_a_warm_worker(cluster, runtime_env: dict[str, Any] |
                 # variant's replica of the same app can still be listed, its process gone
                 and psutil.pid_exists(r["pid"])
             ],
+            bool,
+            WAIT_S,
         )[0]
         raylet_pid = psutil.Process(first["pid"]).ppid()
         if not runtime_env:
@@ -99,17 +92,21 @@ def test_scale_up_starts_in_a_warm_worker(cluster, runtime_env: dict[str, Any] |
                 f.write(json.dumps(pools))
             wait_for(
                 "a fresh default pool",
-                lambda: len(json.loads(lock.read_text() or "{}").get(pool, [])) >= 2,
+                lambda: len(json.loads(lock.read_text() or "{}").get(pool, [])),
+                lambda n: n >= 2,
+                WAIT_S,
             )
         idle_before = set(warmpool.idle_workers(raylet_pid))
         assert len(idle_before) >= 2, idle_before
         # Ray hands an actor only a worker that has registered; on a busy machine a new one
         # takes seconds to start, then imports the preload list.
-        wait_for("the warm workers settled", lambda: settled(idle_before))
+        wait_for("the warm workers settled", lambda: settled(idle_before), bool, WAIT_S)
 
         asked_at = time.time()
         cluster.deploy("warm", "/warm", ARGS, num_replicas=2, **options)
-        reps = wait_for("the second replica's report", lambda: len(mine(base)) == 2 and mine(base))
+        reps = wait_for(
+            "the second replica's report", lambda: mine(base), lambda r: len(r) == 2, WAIT_S
+        )
         new = next(r for r in reps if r["replica_id"] != first["replica_id"])
         # It took a worker that was idle before it was asked for, preloaded: no imports of its own.
         pools = Path(first["warm_workers"]["lock_path"]).read_text()
@@ -127,6 +124,11 @@ def test_scale_up_starts_in_a_warm_worker(cluster, runtime_env: dict[str, Any] |
         )
         assert resp.status_code == 200, resp.text
         # The pool is topped up again.
-        wait_for("the pool topped up", lambda: len(warmpool.idle_workers(raylet_pid)) >= 2)
+        wait_for(
+            "the pool topped up",
+            lambda: len(warmpool.idle_workers(raylet_pid)),
+            lambda n: n >= 2,
+            WAIT_S,
+        )
     finally:
         cluster.delete("warm")
