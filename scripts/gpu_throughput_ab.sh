@@ -17,7 +17,13 @@ ROOT=$PWD
 BASE=$(cd "${BASE:?set BASE to the root of the other checkout}" && pwd)
 OUT="${OUT:-/tmp/gpu-out}/ab"; mkdir -p "$OUT"
 CALL_S=${CALL_S:-560}; RUN_S=${RUN_S:-125}; T0=${T0:-$(date +%s)}
-export PROFILE_DELAY_S=${PROFILE_DELAY_S:-12}
+# The 5 s profile inside a wrk try (8 s each): in the second of several, else 3 s into the one.
+tries=1; prev=""
+for arg in "$@"; do
+  [ "$prev" = "--connections" ] && tries=$(($(tr -cd , <<< "$arg" | wc -c) + 1)); prev=$arg
+done
+if [ "$tries" -gt 1 ]; then default_delay=12; else default_delay=3; fi
+export PROFILE_DELAY_S=${PROFILE_DELAY_S:-$default_delay}
 n=0
 for side in ${ORDER:-head base base head}; do
   left=$((CALL_S - ($(date +%s) - T0)))
