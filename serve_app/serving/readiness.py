@@ -112,16 +112,21 @@ def deployment_health(app: str, name: str, details: Mapping[str, Any]) -> Deploy
     )
 
 
+def _at_target(healths: list[DeploymentHealth]) -> bool:
+    """Every one of an application's deployments runs its target replicas (at least one)."""
+    return bool(healths) and all(h.running >= max(1, h.target) for h in healths)
+
+
 def full_now(details: Mapping[str, Any]) -> set[str]:
     """The applications every deployment of which runs its target replicas now (at least one)."""
     apps: Mapping[str, Any] = details.get("applications") or {}
-    full = set()
-    for app_name, app in apps.items():
-        deps: Mapping[str, Any] = app.get("deployments") or {}
-        healths = [deployment_health(app_name, n, d) for n, d in deps.items()]
-        if healths and all(h.running >= max(1, h.target) for h in healths):
-            full.add(app_name)
-    return full
+    return {
+        name
+        for name, app in apps.items()
+        if _at_target(
+            [deployment_health(name, n, d) for n, d in (app.get("deployments") or {}).items()]
+        )
+    }
 
 
 def decide(details: Mapping[str, Any], settled: Collection[str] | None = None) -> Readiness:
@@ -133,7 +138,6 @@ def decide(details: Mapping[str, Any], settled: Collection[str] | None = None) -
     apps: Mapping[str, Any] = details.get("applications") or {}
     if not apps:
         return Readiness(False, "no application is deployed", [])
-    full = full_now(details) if settled is not None else set()
     deployments: list[DeploymentHealth] = []
     blocking: list[str] = []
     for app_name, app in sorted(apps.items()):
@@ -143,7 +147,7 @@ def decide(details: Mapping[str, Any], settled: Collection[str] | None = None) -
         healths = [deployment_health(app_name, n, d) for n, d in sorted(deps.items())]
         deployments += healths
         blocking += [f"{h.name} has no RUNNING replica" for h in healths if h.running == 0]
-        if settled is not None and deps and app_name not in settled and app_name not in full:
+        if settled is not None and app_name not in settled and deps and not _at_target(healths):
             counts = ", ".join(f"{h.name} {h.running} of {h.target} running" for h in healths)
             blocking.append(f"{app_name} is in its first roll-out ({counts})")
     if blocking:
