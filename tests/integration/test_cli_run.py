@@ -142,7 +142,8 @@ def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
     assert "Ray: token authentication on (RAY_AUTH_MODE=token)" in output
     assert "the RAY_AUTH_TOKEN variable" in output
     # The replica's gRPC port is said, as behind the token, and no warning is printed for it.
-    assert f"]:{grpc_ports[0]} (ray::ServeReplica:embeddings:model)" in output
+    said = [line for line in output.splitlines() if "Ray listens beyond loopback" in line]
+    assert f"]:{grpc_ports[0]} (ray::ServeReplica:embeddings:model)" in output, (grpc_ports, said)
     assert "needs Ray's token" in output and "authentication is OFF" not in output
     assert f"serving at {url}" in output
     assert f"Metrics (Prometheus): http://127.0.0.1:{env[METRICS_PORT_VAR]}/metrics" in output
