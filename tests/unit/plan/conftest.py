@@ -1,5 +1,5 @@
 """Shared by the plan's tests: a real local HTTP server the load loop drives (``/ok`` answers
-200 after 5 ms, ``/busy`` 503)."""
+200 after 5 ms, ``/spin`` 200 after 20 ms of this thread's CPU, ``/busy`` 503)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,14 @@ class _Slow(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 - the handler's API
         self.rfile.read(int(self.headers["content-length"]))
-        time.sleep(0.005)
+        if self.path == "/spin":
+            # CPU a window can see: a /proc reading moves in 10 ms ticks, and a loaded host may
+            # let only a request or two through the window, so 5 ms asleep could read as 0.
+            end = time.thread_time() + 0.02
+            while time.thread_time() < end:
+                pass
+        else:
+            time.sleep(0.005)
         code = 503 if self.path == "/busy" else 200
         self.send_response(code)
         self.send_header("content-length", "2")

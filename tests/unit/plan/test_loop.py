@@ -47,7 +47,7 @@ def test_a_window_counts_answers_latencies_and_the_clients_cpu(server: str) -> N
 def test_the_ingress_processes_cpu_is_read_at_the_windows_edges(server: str) -> None:
     # The HTTP server answering is this process: read as the ingress, it spent CPU seconds.
     here = {os.getpid(): ingress.HAPROXY}
-    r = run_window(_target(server + "/ok", lambda: ingress.read(here)), 3, 0.2, 0.6)
+    r = run_window(_target(server + "/spin", lambda: ingress.read(here)), 3, 0.2, 0.6)
     assert r.requests > 0 and r.errors == 0
     assert r.ingress_processes_by_kind == {"haproxy": 1} and r.ingress_processes_lost == 0
     assert r.ingress_cpu_s == r.ingress_cpu_s_by_kind["haproxy"] > 0
