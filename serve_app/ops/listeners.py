@@ -6,10 +6,26 @@ or by their program (``raylet``, ``gcs_server``, ``dashboard.py``)."""
 from __future__ import annotations
 
 import ipaddress
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
-__all__ = ["Listener", "beyond_loopback", "is_loopback_ip", "listening_sockets", "process_name"]
+__all__ = [
+    "Listener",
+    "beyond_loopback",
+    "is_loopback_ip",
+    "listening_sockets",
+    "process_name",
+    "settled_name",
+]
+
+# Ray retitles an actor's process while each of its tasks runs ("ray::Class.method", then
+# "ray::Class" again): reads of a Ray process's title, at most this many, this far apart.
+TITLE_READS = 5
+TITLE_PAUSE_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -49,6 +65,30 @@ def process_name(cmdline: list[str], name: str) -> str:
     return Path(args[0]).name if args else name
 
 
+def settled_name(
+    read: Callable[[], str], reads: int = TITLE_READS, pause_s: float = TITLE_PAUSE_S
+) -> str:
+    """A process's name from ``read`` (``process_name`` of a fresh read), the actor's own title
+    for a Ray process caught inside one of its tasks: the title at rest is a prefix of a task's
+    (``ray::ServeReplica:app:model`` of ``ray::ServeReplica:app:model.check_health``). Reads
+    again, up to ``reads`` in all, until two in a row agree; then the shortest read that every
+    other read extends, else the last."""
+    seen = [read()]
+    while seen[-1].startswith("ray::") and len(seen) < reads:
+        time.sleep(pause_s)
+        seen.append(read())
+        if seen[-1] == seen[-2]:
+            break
+    shortest = min(seen, key=len)
+    if all(name == shortest or name.startswith(shortest + ".") for name in seen):
+        return shortest
+    return seen[-1]
+
+
+def _title(proc: Any) -> str:
+    return process_name(proc.cmdline(), proc.name())
+
+
 def listening_sockets(root_pid: int) -> list[Listener]:
     """Every TCP listener of ``root_pid`` and its descendants, sorted by port."""
     import psutil
@@ -61,8 +101,10 @@ def listening_sockets(root_pid: int) -> list[Listener]:
     found = set()
     for proc in procs:
         try:
-            conns = proc.net_connections(kind="tcp")
-            label = process_name(proc.cmdline(), proc.name())
+            conns = [c for c in proc.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+            if not conns:
+                continue
+            label = settled_name(partial(_title, proc))
         except psutil.Error:  # gone, or another user's: not ours to list
             continue
         for conn in conns:

@@ -61,3 +61,41 @@ def test_a_listening_socket_of_this_process_is_found_and_judged() -> None:
     assert listeners.beyond_loopback([wide]) == [wide]
     assert wide.describe() == "0.0.0.0:1234 (raylet)"
     assert listeners.Listener("::", 5, 1, "x").describe() == "[::]:5 (x)"
+
+
+@pytest.mark.parametrize(
+    ("reads", "want", "count"),
+    [
+        # At rest: a second read agrees.
+        (["ray::ServeReplica:a:m", "ray::ServeReplica:a:m"], "ray::ServeReplica:a:m", 2),
+        # Caught inside a task: the title at rest comes back, twice.
+        (
+            ["ray::ServeReplica:a:m.check_health", "ray::ServeReplica:a:m"]
+            + ["ray::ServeReplica:a:m"],
+            "ray::ServeReplica:a:m",
+            3,
+        ),
+        # Inside one task, then another, then at rest for the last read only.
+        (
+            ["ray::R.f", "ray::R.g", "ray::R.f", "ray::R.g", "ray::R"],
+            "ray::R",
+            5,
+        ),
+        # Never at rest in five reads: the last read, as read.
+        (["ray::R.f", "ray::R.g"] * 3, "ray::R.f", 5),
+        # Not a Ray title: read once.
+        (["raylet", "raylet"], "raylet", 1),
+    ],
+)
+def test_a_ray_title_read_inside_a_task_settles_on_the_actors_own(
+    reads: list[str], want: str, count: int
+) -> None:
+    it = iter(reads)
+    calls: list[str] = []
+
+    def read() -> str:
+        calls.append(next(it))
+        return calls[-1]
+
+    assert listeners.settled_name(read, pause_s=0.0) == want
+    assert len(calls) == count
