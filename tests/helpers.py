@@ -19,14 +19,20 @@ ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
 
 
-def wait_for(what: str, probe: Callable[[], T], ok: Callable[[T], bool], timeout_s: float) -> T:
-    """Poll ``probe`` until ``ok``; on timeout fail with the last value seen."""
+def wait_for(
+    what: str,
+    probe: Callable[[], T],
+    ok: Callable[[T], bool],
+    timeout_s: float,
+    period_s: float = 0.25,
+) -> T:
+    """Poll ``probe`` every ``period_s`` until ``ok``; on timeout fail with the last value seen."""
     deadline = time.monotonic() + timeout_s
     last = probe()
     while not ok(last):
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}; last: {last!r}")
-        time.sleep(0.25)
+        time.sleep(period_s)
         last = probe()
     return last
 

@@ -65,8 +65,8 @@ class DeploymentHealth(BaseModel):
 
 class Readiness(BaseModel):
     ready: bool = Field(
-        description="Every application finished its first roll-out (all its replicas ran) and "
-        "every deployment has at least one RUNNING replica"
+        description="Every application finished its first roll-out (all its replicas ran and "
+        "HAProxy routed to each) and every deployment has at least one RUNNING replica"
     )
     reason: str
     degraded: list[str] = Field(

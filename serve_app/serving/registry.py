@@ -25,7 +25,8 @@ HEAD_NODE_RESOURCE = "node:__internal_head__"
 class Registry:
     def __init__(self) -> None:
         self._reports: dict[str, tuple[float, dict[str, Any]]] = {}
-        self._settled: set[str] = set()  # applications past their first roll-out (readiness)
+        # Applications past their first roll-out (readiness), with when each settled.
+        self._settled: dict[str, float] = {}
 
     def put(self, key: str, report: dict[str, Any]) -> None:
         self._reports[key] = (time.monotonic(), report)
@@ -33,9 +34,20 @@ class Registry:
     def remove(self, key: str) -> None:
         self._reports.pop(key, None)
 
-    def settle(self, apps: list[str]) -> list[str]:
-        """Adds ``apps`` to the applications that finished their first roll-out; all of them."""
-        self._settled.update(apps)
+    def settle(
+        self, apps: list[str], deployed: list[str] | None = None, read_at_s: float = 0.0
+    ) -> list[str]:
+        """Adds ``apps`` to the applications that finished their first roll-out; all of them.
+        ``deployed``: the applications Serve listed at ``read_at_s`` (Unix time); one that
+        settled before then and was not listed was deleted, and a later deployment of its name
+        starts a first roll-out again (one that settled after it, a caller's stale list missed)."""
+        now = time.time()
+        for app in apps:
+            self._settled.setdefault(app, now)
+        if deployed is not None:
+            listed = set(deployed)
+            for app in [a for a, at in self._settled.items() if a not in listed and at < read_at_s]:
+                del self._settled[app]
         return sorted(self._settled)
 
     def all(self, max_age_s: float) -> list[dict[str, Any]]:
@@ -57,7 +69,9 @@ class _All(Protocol):
 
 
 class _Settle(Protocol):
-    def remote(self, apps: list[str]) -> ObjectRef[list[str]]: ...
+    def remote(
+        self, apps: list[str], deployed: list[str] | None = None, read_at_s: float = 0.0
+    ) -> ObjectRef[list[str]]: ...
 
 
 class RegistryHandle(Protocol):

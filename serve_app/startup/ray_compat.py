@@ -29,6 +29,7 @@ __all__ = [
     "RAY_VERSION",
     "SERVE_REPLICA_MODULE",
     "deploy_config",
+    "haproxy_server_key",
     "haproxy_retry_on_with_lines",
     "keep_node_on_loopback",
     "metrics_export_port",
@@ -61,6 +62,23 @@ METRIC_RECORD_INTERVAL_FACTOR = 0.2
 CONTROL_LOOP_INTERVAL_S = 0.1
 
 HAPROXY_RETRY_ON_VAR = "RAY_SERVE_HAPROXY_RETRY_ON"
+
+
+def _haproxy_safe_name(name: str) -> str:
+    import re
+
+    name = name.replace("#", "-").replace("/", ".")
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
+def haproxy_server_key(app_name: str, replica_actor_name: str) -> str:
+    """How HAProxy's ``show stat`` names an HTTP application's replica (``backend/server``):
+    Serve names the backend ``http-<app>`` and the server after the replica's actor name,
+    both through one rule. Source: ray/serve/_private/haproxy.py (HAProxyManager.get_safe_name,
+    _generate_backend_name, _generate_server_name)."""
+    backend = _haproxy_safe_name(f"http-{app_name}")
+    return f"{backend}/{_haproxy_safe_name(replica_actor_name)}"
+
 
 # "0" keeps a single-node Ray's node IP on 127.0.0.1: ray.init swaps a loopback
 # _node_ip_address for the routable IP (ray/_private/services.py: resolve_ip_for_localhost ->

@@ -4,10 +4,13 @@ The application asks for two replicas of which the cluster can place only one (e
 0.6 of its CPUs): the placed one serves requests, but /readyz stays 503 and names the first
 roll-out. Once every replica it asks for has run (here after a redeploy to one), it is
 settled: asked for two again, with one left pending, it is ready and degraded, not unready.
+And when both replicas fit, /readyz first answers 200 only once HAProxy routes to both: Serve
+marks a replica RUNNING before HAProxy has it UP.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -17,12 +20,17 @@ from tests.integration.conftest import LOGICAL_CPUS
 
 NAME = "rollout"
 PREFIX = "/rollout"
+# Its own name: the registry keeps "rollout" settled once the test above settled it (a deleted
+# application is forgotten only when a replica sees it gone).
+JOINED = "joined"
 ARGS = {"adapter": "embeddings", "max_batch_size": 8, "batch_wait_timeout_s": 0.0}
 CPUS_PER_REPLICA = LOGICAL_CPUS * 0.6  # one fits the cluster, two never do
 TIMEOUT_S = 180.0
 
 
-def deploy(replicas: int, wait_running: bool) -> None:
+def deploy(
+    replicas: int, wait_running: bool, cpus: float = CPUS_PER_REPLICA, name: str = NAME
+) -> None:
     from ray import serve
 
     from serve_app.config.args import parse_args
@@ -30,11 +38,11 @@ def deploy(replicas: int, wait_running: bool) -> None:
 
     options: dict[str, Any] = {
         "num_replicas": replicas,
-        "ray_actor_options": {"num_cpus": CPUS_PER_REPLICA},
+        "ray_actor_options": {"num_cpus": cpus},
     }
     bound = ModelServer.options(**options).bind(parse_args(ARGS).model_dump())
     serve.run_many(
-        [serve.RunTarget(bound, name=NAME, route_prefix=PREFIX)],
+        [serve.RunTarget(bound, name=name, route_prefix=f"/{name}")],
         wait_for_applications_running=wait_running,
     )
 
@@ -44,7 +52,10 @@ def readyz(base: str) -> tuple[int, dict[str, Any]]:
         resp = httpx.get(f"{base}/readyz", timeout=10.0)
     except httpx.HTTPError as exc:
         return 0, {"error": repr(exc)}
-    return resp.status_code, resp.json()
+    try:
+        return resp.status_code, resp.json()
+    except ValueError:  # before the route exists: HAProxy's or Serve's own page
+        return resp.status_code, {"text": resp.text[:200]}
 
 
 def test_not_ready_until_the_first_roll_out_is_done_then_degraded_is_still_ready(
@@ -80,3 +91,59 @@ def test_not_ready_until_the_first_roll_out_is_done_then_degraded_is_still_ready
         assert body["ready"] is True and "first roll-out" not in body["reason"], body
     finally:
         cluster.delete(NAME)
+
+
+def test_the_first_200_comes_once_haproxy_routes_to_every_replica(cluster) -> None:
+    """The second replica starts once the first serves (CPUs held until then), so that it joins
+    HAProxy by a reload of its own, as the last replicas of a larger roll-out do."""
+    import ray
+
+    from serve_app.ops.haproxy import haproxy_servers
+    from serve_app.startup import ray_compat
+
+    base = cluster.url(f"/{JOINED}", "")
+    cluster.wait_deleted(JOINED)
+    cpus = 0.5
+    hold = ray.remote(num_cpus=0)(Holder).options(num_cpus=free_cpus() - 1.5 * cpus).remote()
+    ray.get(hold.ready.remote())
+    deploy(2, wait_running=False, cpus=cpus, name=JOINED)
+    try:
+        wait_for(
+            "/readyz to name the first roll-out",
+            lambda: readyz(base),
+            lambda sb: "1 of 2 running" in str(sb[1].get("reason")),
+            TIMEOUT_S,
+        )
+        ray.kill(hold)
+        status, body = wait_for(
+            "/readyz 200", lambda: readyz(base), lambda sb: sb[0] == 200, TIMEOUT_S, 0.02
+        )
+        servers = haproxy_servers(ray.get_runtime_context().get_node_id())
+        model = ray_compat.serve_details()["applications"][JOINED]["deployments"]["model"]
+        names = [ray_compat.haproxy_server_key(JOINED, r["actor_name"]) for r in model["replicas"]]
+        states = {name: (servers.get(name) or {}).get("status") for name in names}
+        assert len(states) == 2 and all(str(s).startswith("UP") for s in states.values()), (
+            states,
+            body,
+        )
+    finally:
+        ray.kill(hold)
+        cluster.delete(JOINED)
+
+
+def free_cpus() -> float:
+    """The cluster's free CPUs once they stop changing (a deleted replica's come back late)."""
+    import ray
+
+    seen = [ray.available_resources().get("CPU", 0.0)]
+    while len(seen) < 150 and (len(seen) < 10 or len(set(seen[-10:])) > 1):
+        time.sleep(0.2)
+        seen.append(ray.available_resources().get("CPU", 0.0))
+    return float(seen[-1])
+
+
+class Holder:
+    """Holds the CPUs it is given, so that a replica waits for them."""
+
+    def ready(self) -> bool:
+        return True

@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
 
-from serve_app.serving.readiness import CachedReadiness, Readiness, SettledApps, decide, full_now
+from serve_app.serving.readiness import (
+    CachedReadiness,
+    Readiness,
+    SettledApps,
+    decide,
+    full_now,
+    routing_gaps,
+)
 
 
 def dep(status: str, target: int, *states: str) -> dict[str, Any]:
@@ -148,32 +156,168 @@ def test_full_now_needs_every_deployment_at_its_target_and_one_replica_at_least(
     )
 
 
+def registry() -> Any:
+    """The registry actor's own class, outside Ray: its ``settle`` is the one replicas call."""
+    from serve_app.serving.registry import Registry
+
+    return Registry.__ray_actor_class__()
+
+
 def test_settled_apps_ask_the_registry_only_about_what_they_have_not_seen_settle() -> None:
-    registry: set[str] = {"old"}
+    actor = registry()
+    actor.settle(["old"])
     asked: list[list[str]] = []
 
-    def settle(new: list[str]) -> list[str]:
+    def settle(new: list[str], deployed: list[str], read_at_s: float) -> list[str]:
         asked.append(new)
-        registry.update(new)
-        return sorted(registry)
+        return actor.settle(new, deployed, read_at_s)  # type: ignore[no-any-return]
 
     apps = SettledApps(settle)
     # A replica started after "old" settled learns it from the registry (a replacement).
     assert apps.update(["old", "emb"], full=[]) == {"old"}
     assert apps.update(["old", "emb"], full=["emb"]) == {"old", "emb"}
-    assert registry == {"old", "emb"} and asked == [[], ["emb"]]
+    assert actor.settle([]) == ["emb", "old"] and asked == [[], ["emb"]]
     # Everything deployed is known: no more calls, whatever runs now.
     assert apps.update(["old", "emb"], full=[]) == {"old", "emb"}
     assert len(asked) == 2
 
 
+def test_a_deleted_application_is_forgotten_and_its_next_deployment_rolls_out_anew() -> None:
+    actor = registry()
+    apps = SettledApps(actor.settle)
+    assert apps.update(["emb"], full=["emb"]) == {"emb"}
+    # Deleted: Serve no longer lists it, so the registry and this replica forget it; deployed
+    # again under the same name, it is not settled until every replica runs again.
+    assert apps.update([], full=[]) == set() and actor.settle([]) == []
+    assert apps.update(["emb"], full=[]) == set()
+    assert apps.update(["emb"], full=["emb"]) == {"emb"}
+
+
+def test_a_stale_list_does_not_forget_an_application_that_settled_after_it() -> None:
+    actor = registry()
+    before = time.time() - 1.0  # a list read before "img" was deployed
+    actor.settle(["img"])
+    assert actor.settle([], ["emb"], before) == ["img"]
+    assert actor.settle([], ["emb"], time.time() + 1.0) == []
+
+
 def test_settled_apps_keep_what_they_saw_when_the_registry_fails(caplog) -> None:
-    def settle(new: list[str]) -> list[str]:
+    def settle(new: list[str], deployed: list[str], read_at_s: float) -> list[str]:
         raise TimeoutError("registry gone")
 
     apps = SettledApps(settle)
     assert apps.update(["emb", "img"], full=["emb"]) == {"emb"}
     assert "the registry did not answer (TimeoutError: registry gone)" in caplog.text
+    assert apps.update(["img"], full=[]) == set()  # and forget what was deleted
+
+
+def routed_app(app: str, *states: str, ingress: str = "model") -> dict[str, Any]:
+    """An application whose ingress deployment runs ``states``, each replica with the actor
+    name Serve gives it, in Serve's instance-details shape."""
+    replicas = [
+        {"state": s, "replica_id": f"r{i}", "actor_name": f"SERVE_REPLICA::{app}#{ingress}#r{i}"}
+        for i, s in enumerate(states)
+    ]
+    deps = {
+        ingress: {"status": "HEALTHY", "target_num_replicas": len(states), "replicas": replicas}
+    }
+    return {
+        "status": "RUNNING",
+        "route_prefix": "/",
+        "deployment_topology": {"ingress_deployment": ingress},
+        "deployments": deps,
+    }
+
+
+def up(app: str, *replica_ids: str, status: str = "UP") -> dict[str, dict[str, str]]:
+    """HAProxy's ``show stat`` rows for these replicas, named as Serve names them."""
+    safe = app.replace(" ", "_")
+    return {f"http-{safe}/SERVE_REPLICA_{safe}-model-{r}": {"status": status} for r in replica_ids}
+
+
+def test_a_running_replica_haproxy_does_not_route_to_yet_is_a_routing_gap() -> None:
+    raw = {"applications": {"emb app": routed_app("emb app", "RUNNING", "RUNNING", "STARTING")}}
+    assert routing_gaps(raw, ["emb app"], up("emb app", "r0", "r1")) == {}
+    # "UP 1/2" takes traffic; "DOWN 1/2" (checks passing, not up yet) and a missing one do not.
+    assert routing_gaps(raw, ["emb app"], up("emb app", "r0", "r1", status="UP 1/2")) == {}
+    want = {"emb app": "HAProxy routes to 1 of 2 running emb app/model"}
+    assert routing_gaps(raw, ["emb app"], up("emb app", "r0")) == want
+    assert (
+        routing_gaps(
+            raw, ["emb app"], {**up("emb app", "r0"), **up("emb app", "r1", status="DOWN 1/2")}
+        )
+        == want
+    )
+    # Only the applications asked about; one without an HTTP route has no backend to wait for.
+    assert routing_gaps(raw, [], {}) == {}
+    raw["applications"]["emb app"]["route_prefix"] = None
+    assert routing_gaps(raw, ["emb app"], {}) == {}
+
+
+def test_the_first_roll_out_ends_only_once_haproxy_routes_to_every_running_replica(
+    monkeypatch,
+) -> None:
+    from serve_app.serving import readiness
+
+    raw = {"applications": {"emb": routed_app("emb", "RUNNING", "RUNNING")}}
+    monkeypatch.setattr(readiness, "serve_details", lambda: raw)
+    views = [up("emb", "r0"), up("emb", "r0", "r1")]
+    settled = SettledApps(lambda new, deployed, at: new)
+
+    state = readiness.current(settled, read_servers=lambda: views[0])
+    assert state.ready is False and settled.known == set()
+    assert (
+        state.reason == "emb is in its first roll-out (HAProxy routes to 1 of 2 running emb/model)"
+    )
+    assert readiness.current(settled, read_servers=lambda: views[1]).ready is True
+    assert settled.known == {"emb"}
+
+    # Settled: HAProxy is not read again, and a replica it drops later leaves it ready.
+    def unread() -> dict[str, dict[str, str]]:
+        raise AssertionError("HAProxy read after the first roll-out")
+
+    assert readiness.current(settled, read_servers=unread).ready is True
+
+
+def test_an_unanswering_haproxy_holds_the_first_roll_out_and_none_on_the_node_does_not(
+    monkeypatch,
+) -> None:
+    from serve_app.serving import readiness
+
+    raw = {"applications": {"emb": routed_app("emb", "RUNNING")}}
+    monkeypatch.setattr(readiness, "serve_details", lambda: raw)
+
+    def refused() -> dict[str, dict[str, str]]:
+        raise ConnectionRefusedError("reloading")
+
+    state = readiness.current(SettledApps(lambda new, deployed, at: new), read_servers=refused)
+    assert state.ready is False
+    assert state.reason == (
+        "emb is in its first roll-out "
+        "(HAProxy's admin socket did not answer: ConnectionRefusedError)"
+    )
+    # No HAProxy on this node (or none at all): RUNNING is all there is to wait for.
+    assert readiness.current(
+        SettledApps(lambda new, deployed, at: new), read_servers=lambda: None
+    ).ready
+
+
+def test_the_haproxy_view_is_none_without_haproxy_and_where_its_socket_is_missing(
+    monkeypatch, tmp_path
+) -> None:
+    from serve_app import env
+    from serve_app.serving import readiness
+
+    monkeypatch.delenv(env.HA_PROXY_VAR, raising=False)
+    assert readiness.haproxy_view() is None
+    monkeypatch.setenv(env.HA_PROXY_VAR, "1")
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_SOCKET_PATH", str(tmp_path / "admin.sock"))
+    import ray
+
+    monkeypatch.setattr(
+        ray, "get_runtime_context", lambda: type("C", (), {"get_node_id": lambda self: "n1"})()
+    )
+    assert readiness.haproxy_view() is None  # no socket: this node runs no HAProxy
 
 
 def test_an_unreadable_status_is_not_ready(monkeypatch) -> None:

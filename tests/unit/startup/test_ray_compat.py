@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import jinja2
+import pytest
 import ray
 
 from serve_app.startup import ray_compat
@@ -161,3 +162,19 @@ def test_loopback_stays_loopback_and_a_late_auth_mode_is_seen() -> None:
     before, after, var = json.loads(done.stdout.strip().splitlines()[-1])
     assert before[1] is False and after == ["127.0.0.1", True] and var == "0"
     assert before[0] != "127.0.0.1"  # what Ray does unasked: the routable IP
+
+
+@pytest.mark.parametrize(
+    "name", ["embeddings", "emb app", "a/b#c", "x.y-z_1", "ünï cödé", "SERVE_REPLICA::a#m#r"]
+)
+def test_haproxys_names_follow_serves_own_rule(name: str) -> None:
+    from ray.serve._private.haproxy import HAProxyManager
+
+    safe = HAProxyManager.get_safe_name
+    assert ray_compat.haproxy_server_key(name, f"SERVE_REPLICA::{name}#model#r1") == (
+        f"{safe('http-' + name)}/{safe(f'SERVE_REPLICA::{name}#model#r1')}"
+    )
+    # As test_reliability's servers are named in a live HAProxy.
+    assert ray_compat.haproxy_server_key("emb app", "SERVE_REPLICA::emb app#model#23o5dmxk") == (
+        "http-emb_app/SERVE_REPLICA_emb_app-model-23o5dmxk"
+    )
