@@ -253,6 +253,15 @@ class AppArgs(BaseModel):
         "by serve-app run), so that a scale-up or a replacement on that node skips Ray's "
         "worker start-up and the imports. Each costs host memory, no GPU memory. 0: none.",
     )
+    warm_workers_delay_s: float = Field(
+        default=60.0,
+        ge=0.0,
+        le=3600.0,
+        description="Seconds a replica waits, once it has started, before it first asks for "
+        "warm workers: their start-up and imports take CPU and slowed a fresh server's first "
+        "seconds of serving, so they are kept after them. Until then a scale-up or a "
+        "replacement starts cold. 0: at once.",
+    )
     max_inputs_per_request: int = Field(default=128, ge=1, le=65536)
     max_input_tokens: int | None = Field(
         default=None,

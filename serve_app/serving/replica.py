@@ -136,10 +136,10 @@ class ModelServer:
         if self.partition.gpu_uuid is not None:
             # The node's NVML sampler: the report's GPU totals; our bytes against our budget.
             self._watch_budget(get_or_create_monitor())
-        # Workers with the imports done for the next replica here (warmpool), asked for once
-        # the registry's own worker is up, so that it cannot take a warm one's low priority.
+        # Warm workers for the next replica here (warmpool), once the registry's worker is up.
         up = lambda: ray.get(self._registry.all.remote(0.0), timeout=60.0)  # noqa: E731
-        self._warm_workers = warmpool.start_keeper(self.args.warm_workers, up)
+        delay_s = self.args.warm_workers_delay_s  # their imports kept off the first seconds
+        self._warm_workers = warmpool.start_keeper(self.args.warm_workers, up, delay_s)
         threading.Thread(target=self._report_loop, name="report", daemon=True).start()
         hung.start_reaper(self._stop)  # a hung neighbour on this node: its requests replayed
         ready = (self.replica_id, self.model.name, self.partition.device, self.batch_cap)

@@ -252,9 +252,11 @@ class Keeper:
         runtime_env: str = "{}",
         job_id: str = "",
         first: Callable[[], object] | None = None,
+        delay_s: float = 0.0,
     ):
         self.target = target
         self.first = first  # waited for before the first top-up (start_keeper)
+        self.delay_s = delay_s  # then this long (args.warm_workers_delay_s)
         self.runtime_env = runtime_env
         self.job_id = job_id
         self.pool_key = runtime_env_key(runtime_env, job_id)
@@ -315,6 +317,8 @@ class Keeper:
                 self.first()
             except Exception as exc:  # noqa: BLE001 - warm workers are asked for anyway
                 logger.warning("warm workers: %r before the first top-up; going on", exc)
+        if self.delay_s > 0 and self._stop.wait(self.delay_s):
+            return
         while not self._stop.is_set():
             try:
                 if self.check():
@@ -341,11 +345,15 @@ class Keeper:
         }
 
 
-def start_keeper(target: int, first: Callable[[], object] | None = None) -> Keeper | None:
+def start_keeper(
+    target: int, first: Callable[[], object] | None = None, delay_s: float = 0.0
+) -> Keeper | None:
     """A Keeper for this node (on a daemon thread), or None when ``target`` is 0 or this is
     not a Ray worker. ``first`` runs on that thread before the first top-up: the replica waits
     there for the registry actor, whose worker would otherwise start beside the warm workers
-    and could take one of their tokens, importing at the lowest priority."""
+    and could take one of their tokens, importing at the lowest priority. Then ``delay_s``
+    passes: a fresh server's first seconds of serving are not shared with the warm workers'
+    start-up (docs/benchmarks.md, "The first seconds after /readyz")."""
     if target <= 0:
         return None
     raylet_pid = os.environ.get("RAY_RAYLET_PID")
@@ -360,7 +368,9 @@ def start_keeper(target: int, first: Callable[[], object] | None = None) -> Keep
     context = ray.get_runtime_context()
     runtime_env = context.get_runtime_env_string()
     job_id = context.get_job_id() or ""
-    keeper = Keeper(target, int(raylet_pid), lock_path, CHECK_PERIOD_S, runtime_env, job_id, first)
+    keeper = Keeper(
+        target, int(raylet_pid), lock_path, CHECK_PERIOD_S, runtime_env, job_id, first, delay_s
+    )
     threading.Thread(target=keeper.run, name="warm-workers", daemon=True).start()
     return keeper
 

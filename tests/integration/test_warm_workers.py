@@ -19,7 +19,13 @@ from tests.helpers import wait_for
 
 MODEL = "warm-minilm"
 WAIT_S = 120.0
-ARGS = {"adapter": "embeddings", "model_name": MODEL, "max_batch_size": 8, "warm_workers": 2}
+ARGS = {
+    "adapter": "embeddings",
+    "model_name": MODEL,
+    "max_batch_size": 8,
+    "warm_workers": 2,
+    "warm_workers_delay_s": 0.0,  # at once: the pool is what this test looks at
+}
 OPTIONS: dict[str, dict[str, Any]] = {"ray_actor_options": {"num_cpus": 0.25}}
 
 

@@ -147,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
                 script_fake_gpu(work)
             target = start_cluster(
                 replicas,
-                args,
+                # Replacements and scale-ups with the warm pool up, as later in a server's life
+                # (by default a replica asks for warm workers only after its first minute).
+                {**args, "warm_workers_delay_s": 0.0},
                 options,
                 num_gpus=gpus or 1,
                 num_cpus=max(8, 2 * max_replicas),

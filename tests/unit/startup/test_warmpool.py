@@ -259,3 +259,40 @@ def test_keeper_asks_for_workers_only_after_first(
     monkeypatch.setattr(keeper._stop, "wait", lambda t: keeper._stop.set() or True)
     keeper.run()
     assert order == ["tokens", "prestart"] and keeper.describe()["error"] is None
+
+
+def test_the_first_top_up_waits_the_delay_after_first_and_a_stop_meanwhile_ends_it(
+    monkeypatch, tmp_path
+) -> None:
+    order: list[str] = []
+    waits: list[float] = []
+    monkeypatch.setattr(warmpool, "_children", lambda pid: [])
+    monkeypatch.setattr(warmpool, "leave_tokens", lambda *a: order.append("tokens"))
+    monkeypatch.setattr(warmpool, "prestart", lambda *a, **k: order.append("prestart"))
+    monkeypatch.setattr(warmpool, "NEW_WORKER_WAIT_S", 0.0)
+    monkeypatch.setattr(warmpool, "workers_rss_bytes", lambda pids: 0)
+
+    def first() -> None:
+        order.append("first")
+
+    keeper = warmpool.Keeper(1, 1, tmp_path / "lock", 0.01, first=first, delay_s=60.0)
+
+    def wait(timeout_s: float) -> bool:  # the delay passes; the period after the top-up stops
+        waits.append(timeout_s)
+        order.append(f"wait {timeout_s:g}")
+        if len(waits) > 1:
+            keeper._stop.set()
+        return keeper._stop.is_set()
+
+    monkeypatch.setattr(keeper._stop, "wait", wait)
+    keeper.run()
+    assert order == ["first", "wait 60", "tokens", "prestart", "wait 0.01"]
+
+    # Stopped during the delay (the replica went): no worker is asked for.
+    order.clear()
+    stopped = warmpool.Keeper(1, 1, tmp_path / "lock2", 0.01, delay_s=60.0)
+    monkeypatch.setattr(
+        stopped._stop, "wait", lambda t: order.append(f"wait {t:g}") or stopped._stop.set() or True
+    )
+    stopped.run()
+    assert order == ["wait 60"]
