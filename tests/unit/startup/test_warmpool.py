@@ -233,17 +233,23 @@ def test_the_system_config_for_ray_start(capsys: pytest.CaptureFixture[str]) -> 
     assert warmpool.main([]) == 2
 
 
+def record_top_ups(monkeypatch: pytest.MonkeyPatch, order: list[str]) -> None:
+    """A keeper's top-ups without a raylet: each token left and prestart asked for, in
+    ``order``."""
+    monkeypatch.setattr(warmpool, "_children", lambda pid: [])
+    monkeypatch.setattr(warmpool, "leave_tokens", lambda *a: order.append("tokens"))
+    monkeypatch.setattr(warmpool, "prestart", lambda *a, **k: order.append("prestart"))
+    monkeypatch.setattr(warmpool, "NEW_WORKER_WAIT_S", 0.0)
+    monkeypatch.setattr(warmpool, "workers_rss_bytes", lambda pids: 0)
+
+
 def test_keeper_asks_for_workers_only_after_first(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """The replica's ``first`` (the registry's worker up) comes before any token or prestart;
     one that fails is logged and the keeper goes on."""
     order: list[str] = []
-    monkeypatch.setattr(warmpool, "_children", lambda pid: [])
-    monkeypatch.setattr(warmpool, "leave_tokens", lambda *a: order.append("tokens"))
-    monkeypatch.setattr(warmpool, "prestart", lambda *a, **k: order.append("prestart"))
-    monkeypatch.setattr(warmpool, "NEW_WORKER_WAIT_S", 0.0)
-    monkeypatch.setattr(warmpool, "workers_rss_bytes", lambda pids: 0)
+    record_top_ups(monkeypatch, order)
     for first, seen in ((lambda: order.append("first"), "first"), (None, None)):
         order.clear()
         keeper = warmpool.Keeper(1, 1, tmp_path / "lock", period_s=0.01, first=first)
@@ -266,11 +272,7 @@ def test_the_first_top_up_waits_the_delay_after_first_and_a_stop_meanwhile_ends_
 ) -> None:
     order: list[str] = []
     waits: list[float] = []
-    monkeypatch.setattr(warmpool, "_children", lambda pid: [])
-    monkeypatch.setattr(warmpool, "leave_tokens", lambda *a: order.append("tokens"))
-    monkeypatch.setattr(warmpool, "prestart", lambda *a, **k: order.append("prestart"))
-    monkeypatch.setattr(warmpool, "NEW_WORKER_WAIT_S", 0.0)
-    monkeypatch.setattr(warmpool, "workers_rss_bytes", lambda pids: 0)
+    record_top_ups(monkeypatch, order)
 
     def first() -> None:
         order.append("first")
