@@ -108,7 +108,7 @@ def listening_sockets(root_pid: int) -> list[Listener]:
         except psutil.Error:  # gone, or another user's: not ours to list
             continue
         for conn in conns:
-            if conn.status == psutil.CONN_LISTEN and conn.laddr:
+            if conn.laddr:
                 found.add(Listener(conn.laddr.ip, conn.laddr.port, proc.pid, label))
     return sorted(found, key=lambda item: (item.port, item.ip, item.pid))
 
