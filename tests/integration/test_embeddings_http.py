@@ -100,6 +100,7 @@ def test_openai_client(emb: str) -> None:
         (b'{"model": "all-MiniLM-L6-v2"}', 400, "'input' is required"),
         (b'{"input": 42}', 400, "string or a list of strings"),
         (b'{"input": ["ok", 7]}', 400, "'input[1]' must be a string"),
+        (b'{"input": [[101, 7592, 102]]}', 400, "holds token ids"),
         (b'{"input": []}', 400, "must not be an empty list"),
         (b'{"input": "x", "model": "gpt-4"}', 404, "'gpt-4' is not served here"),
         (b'{"input": ["a","b","c","d","e","f","g","h","i"]}', 400, "at most 8 per request"),

@@ -25,6 +25,11 @@ from serve_app.errors import BadRequest
 ROUTE = "/v1/embeddings"
 # What an embeddings request says about its size before the model is set up (MiniLM's).
 DEFAULT_DIMENSIONS = 384
+TOKEN_IDS = (
+    "'input' holds token ids; this server takes texts only, since ids from another tokenizer "
+    "(such as tiktoken's, which LangChain's OpenAIEmbeddings sends unless "
+    "check_embedding_ctx_length=False) would embed the wrong words"
+)
 
 
 class EmbeddingsRequest(BaseModel):
@@ -56,6 +61,19 @@ class EmbeddingsResponse(BaseModel):
     usage: Usage
 
 
+def is_token_ids(value: Any) -> bool:
+    """Whether ``value`` is OpenAI's other ``input`` shape: token ids (ints, or lists of them)."""
+
+    def ids(v: Any) -> bool:
+        return isinstance(v, list) and bool(v) and all(_is_int(t) for t in v)
+
+    return ids(value) or (isinstance(value, list) and bool(value) and all(ids(v) for v in value))
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 class HasDimensions(Protocol):
     dim: int
     """The embedding's size once the model is set up (0 before)."""
@@ -78,6 +96,8 @@ class EmbeddingsSpec:
     def decode(self, body: bytes, content_type: str, query: Mapping[str, str]) -> Decoded:
         doc = parse_json_object(body)
         check_model(doc, self.args.model_name)
+        if is_token_ids(doc.get("input")):
+            raise BadRequest(TOKEN_IDS, param="input", code="token_ids_not_supported")
         texts, _ = string_list(doc, "input", self.args.max_inputs_per_request)
         fmt = doc.get("encoding_format", "float")
         if fmt not in ("float", "base64"):

@@ -14,6 +14,7 @@ from serve_app.adapters.contract import Model
 from serve_app.adapters.embeddings import build
 from serve_app.adapters.embeddings.backend import SentenceEncoder
 from serve_app.adapters.embeddings.modeldir import SKELETON_DIR
+from serve_app.adapters.embeddings.spec import is_token_ids
 from serve_app.adapters.wire import check_model, parse_json_object, string_list
 from serve_app.config.args import parse_args
 from serve_app.errors import BadRequest, ConfigError, ItemError, NotFound, ServeAppError
@@ -71,6 +72,9 @@ def test_a_text_over_the_token_limit_fails_alone_in_its_batch(model: Model) -> N
         (body({"input": None}), BadRequest, "string or a list"),
         (body({"input": []}), BadRequest, "empty list"),
         (body({"input": ["a", {"b": 1}]}), BadRequest, "input[1]"),
+        (body({"input": [101, 7592, 102]}), BadRequest, "token ids"),
+        (body({"input": [[101, 102], [101, 7592, 102]]}), BadRequest, "check_embedding_ctx_length"),
+        (body({"input": ["a", 7]}), BadRequest, "'input[1]' must be a string"),
         (body({"input": ["a"] * 5}), BadRequest, "at most 4"),
         (body({"input": "a", "model": 3}), BadRequest, "'model' must be a string"),
         (body({"input": "a", "model": "other"}), NotFound, "GET /v1/models"),
@@ -83,6 +87,30 @@ def test_bad_requests(model: Model, raw: bytes, exc: type, needle: str) -> None:
         model.decode(raw, "application/json", {})
     assert needle in info.value.message
     assert info.value.to_json()["error"]["type"] == exc.error_type
+
+
+@pytest.mark.parametrize(
+    ("value", "ids"),
+    [
+        ([1, 2], True),
+        ([[1], [2, 3]], True),
+        ([], False),
+        ([[]], False),
+        ([True], False),
+        ([1, "a"], False),
+        ([[1], "a"], False),
+        ("12", False),
+        (None, False),
+    ],
+)
+def test_token_ids_are_told_apart_from_texts(value: object, ids: bool) -> None:
+    assert is_token_ids(value) is ids
+
+
+def test_token_ids_get_their_own_code(model: Model) -> None:
+    with pytest.raises(BadRequest) as info:
+        model.decode(body({"input": [[101, 102]]}), "application/json", {})
+    assert (info.value.code, info.value.param) == ("token_ids_not_supported", "input")
 
 
 def test_status_codes() -> None:
