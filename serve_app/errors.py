@@ -71,6 +71,13 @@ class UnsupportedMediaType(ServeAppError):
     error_type = "unsupported_media_type"
 
 
+class UnsupportedContentEncoding(UnsupportedMediaType):
+    """A compressed request body: 415 with ``Accept-Encoding`` (RFC 9110, 15.5.16)."""
+
+    def headers(self) -> dict[str, str]:
+        return {"accept-encoding": "identity"}
+
+
 class InsufficientMemory(ServeAppError):
     """An item cannot fit in the replica's GPU memory budget even alone (HTTP 507)."""
 

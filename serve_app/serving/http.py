@@ -35,6 +35,7 @@ from serve_app.errors import (
     RequestTimeout,
     ServeAppError,
     Unauthorized,
+    UnsupportedContentEncoding,
 )
 from serve_app.serving import requestid
 from serve_app.serving.auth import ApiKeys
@@ -126,7 +127,15 @@ class BodyHold:
 
 async def read_body(request: Request, max_bytes: int, hold: BodyHold | None = None) -> bytes:
     """The request body, refusing more than ``max_bytes`` before or while reading it; with
-    ``hold``, its bytes are held there (the declared length before a byte is read)."""
+    ``hold``, its bytes are held there (the declared length before a byte is read). A
+    compressed body is refused before it is read: decoding its bytes as they are would fail with
+    an error that names the wrong problem."""
+    encoding = request.headers.get("content-encoding", "").strip()
+    if encoding and encoding.lower() != "identity":
+        raise UnsupportedContentEncoding(
+            f"Content-Encoding {encoding!r} is not supported: send the body uncompressed",
+            code="unsupported_content_encoding",
+        )
     declared = request.headers.get("content-length")
     if declared is not None:
         try:

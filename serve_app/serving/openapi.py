@@ -95,7 +95,7 @@ _STATUS_TEXT = {
     404: "Unknown model or route",
     405: "Method not allowed (see the Allow header)",
     413: "Body or one of its inputs too large",
-    415: "Unsupported Content-Type",
+    415: "Unsupported Content-Type, or a compressed body (Content-Encoding)",
     500: "Inference failed (the body carries an error id)",
     503: "Overloaded: the replica's queue is full (args.max_queued_items), it holds as many "
     "body bytes as it may (args.max_body_bytes_in_flight), or the request waited longer than "
@@ -135,7 +135,7 @@ def _inference(op: Operation) -> dict[str, Any]:
     """The spec's POST operation with the statuses every inference route can answer."""
     operation = dict(op.operation)
     responses = dict(operation["responses"])
-    responses.update(_errors(*op.error_codes, 500, 503, 504, 507))
+    responses.update(_errors(*op.error_codes, 415, 500, 503, 504, 507))
     operation["responses"] = responses
     return {"post": operation}
 

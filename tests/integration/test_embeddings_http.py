@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gzip
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -115,6 +116,17 @@ def test_bad_input_gets_json_error(emb: str, content: bytes, status: int, needle
     err = resp.json()["error"]
     assert needle in err["message"], err
     assert err["type"]
+
+
+def test_a_gzipped_body_is_415_naming_the_coding(emb: str) -> None:
+    resp = httpx.post(
+        f"{emb}/v1/embeddings",
+        content=gzip.compress(b'{"input": "hi"}'),
+        headers={"content-type": "application/json", "content-encoding": "gzip"},
+    )
+    assert resp.status_code == 415, resp.text
+    assert resp.headers["accept-encoding"] == "identity"
+    assert resp.json()["error"]["code"] == "unsupported_content_encoding"
 
 
 def test_too_long_input_is_400_not_truncated(emb: str) -> None:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from starlette.requests import Request
 from starlette.responses import Response
 
-from serve_app.errors import BadRequest, Overloaded, PayloadTooLarge
+from serve_app.errors import BadRequest, Overloaded, PayloadTooLarge, UnsupportedContentEncoding
 from serve_app.serving.auth import ApiKeys
 from serve_app.serving.http import (
     BodyBytes,
@@ -145,6 +145,24 @@ async def test_read_body_limits() -> None:
         await read_body(_request(b"abcdef", []), 5)  # a lying or missing Content-Length
     with pytest.raises(BadRequest, match="not an integer"):
         await read_body(_request(b"a", [(b"content-length", b"x")]), 5)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("coding", [b"gzip", b"br", b" GZIP ", b"identity, gzip"])
+async def test_a_compressed_body_is_refused_before_it_is_read(coding: bytes) -> None:
+    request = _request(b"abcdef", [(b"content-encoding", coding)])
+    with pytest.raises(UnsupportedContentEncoding, match="send the body uncompressed") as info:
+        await read_body(request, 100)
+    response = error_response(info.value)
+    assert response.status_code == 415
+    assert response.headers["accept-encoding"] == "identity"
+    assert json.loads(response.body)["error"]["code"] == "unsupported_content_encoding"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("coding", [b"identity", b"IDENTITY", b""])
+async def test_an_identity_coding_is_read_as_it_is(coding: bytes) -> None:
+    assert await read_body(_request(b"abcdef", [(b"content-encoding", coding)]), 6) == b"abcdef"
 
 
 def test_error_response_carries_the_errors_own_headers() -> None:
