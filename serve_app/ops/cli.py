@@ -1,4 +1,4 @@
-"""``serve-app run | node | check | status``: parse, call the library, print."""
+"""``serve-app run | node | check | plan | status``: parse, call the library, print."""
 
 from __future__ import annotations
 
@@ -12,6 +12,11 @@ from pathlib import Path
 from types import FrameType
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
+DESCRIPTION = (
+    "serve_app: model replicas that share a GPU, each held to its share of the GPU's memory, "
+    "on Ray Serve. `serve-app run` serves configs/default.yaml on http://127.0.0.1:8000; "
+    "`serve-app COMMAND -h` says more. Docs: README.md."
+)
 INSECURE_FLAG = "--insecure-no-ray-auth"  # ops.ray_auth.INSECURE_FLAG, without its import here
 INSECURE_HELP = (
     "run Ray WITHOUT token authentication (RAY_AUTH_MODE=disabled): anyone who reaches Ray's "
@@ -209,7 +214,7 @@ def cmd_status(url: str, as_json: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="serve-app", description=__doc__)
+    parser = argparse.ArgumentParser(prog="serve-app", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="start a local Ray, deploy CONFIG, serve until Ctrl-C")
     run.add_argument("config", nargs="?", default=_default_config())
