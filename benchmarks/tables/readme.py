@@ -6,41 +6,119 @@ from benchmarks.tables.common import (
     BLOCK,
     Ctx,
     Renderer,
+    Row,
     fmt_ms,
     fmt_rate,
+    fmt_x,
     load,
     table,
 )
 from benchmarks.tables.reliability import GPU_FAULT_RUNS
 from benchmarks.tables.startup import startup_json
-from benchmarks.tables.throughput import TP_DIR, pairs, run
+from benchmarks.tables.throughput import RUN_O, RUN_P_MPS, RUN_P_TS, TP_DIR, Run, pairs, run
+
+RUN_J = "J_minilm_r12_peers_16cores_shared"  # the last run with LitServe's rows
+RUN_N = "N_minilm_r12_mixed_16cores_shared_109778c"  # real text lengths
+
+
+def _wrk(r: Run, setup: str, ipr: int) -> Row:
+    """A run's one wrk row of ``setup`` at ``ipr`` inputs a request."""
+    (row,) = [
+        x
+        for x in r.rows
+        if x.get("setup") == setup
+        and x["client"] == "wrk"
+        and x.get("inputs_per_request") == ipr
+        and x.get("status") == "ok"
+    ]
+    return row
+
+
+def _served(r: Run, ipr: int) -> str:
+    """Errors and NVML budget violations over a run's serve_app rows at ``ipr`` (both clients)."""
+    rows = r.served(ipr=ipr)
+    errors = sum(int(x["errors"]) for x in rows)
+    over = sum(int(x["budget_violations"]) for x in rows)
+    samples = sum(int(x["nvml_samples"]) for x in rows)
+    return f"{errors} errors, {over} of {samples:,} NVML samples over budget"
+
+
+def _ratio(a: Row, b: Row, key: str = "requests_per_s") -> str:
+    return fmt_x(float(a[key]) / float(b[key]))
+
+
+def _cores(spec: str) -> int:
+    """How many cores a ``taskset`` list such as ``0,16-29`` names."""
+    n = 0
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        n += int(hi or lo) - int(lo) + 1
+    return n
+
+
+def _link(ctx: Ctx, name: str, text: str) -> str:
+    return ctx.link(f"{TP_DIR}/{name}/throughput.json", text)
+
+
+def _throughput_rows(ctx: Ctx) -> list[list[str]]:
+    o, j, n = run(ctx, RUN_O), run(ctx, RUN_J), run(ctx, RUN_N)
+    o16, o1 = _wrk(o, "serve_app", 16), _wrk(o, "serve_app", 1)
+    noop, batch = _wrk(o, "ray_serve_noop", 1), _wrk(o, "ray_serve_batch", 1)
+    cpu = "server_cpu_s_per_1000_requests"
+    j1, j16 = _wrk(j, "serve_app", 1), _wrk(j, "serve_app", 16)
+    lit1, lit16 = _wrk(j, "litserve", 1), _wrk(j, "litserve", 16)
+    n16 = _wrk(n, "serve_app", 16)
+    p_ts, p_mps = run(ctx, RUN_P_TS), run(ctx, RUN_P_MPS)
+    ts, mps = p_ts.served(ipr=1, client="wrk")[0], p_mps.served(ipr=1, client="wrk")[0]
+    return [
+        [
+            "MiniLM, 16 short texts a request, 12 x 0.08 (run O)",
+            f"{fmt_rate(o16['items_per_s'])} texts/s with wrk; {_served(o, 16)}",
+            _link(ctx, RUN_O, "run O"),
+        ],
+        [
+            "MiniLM, one short text a request, the same run",
+            f"{fmt_rate(o1['requests_per_s'])} req/s: {_ratio(o1, noop)} plain Ray Serve's no-op "
+            f"and {_ratio(o1, batch)} Ray Serve with `@serve.batch`; CPU per request "
+            f"{_ratio(o1, noop, cpu)} the no-op's",
+            _link(ctx, RUN_O, "run O"),
+        ],
+        [
+            "MiniLM against LitServe 0.2.19, the same layout and clients (run J)",
+            f"{_ratio(j1, lit1)} LitServe's req/s at one text, "
+            f"{_ratio(j16, lit16, 'items_per_s')} its texts/s at 16",
+            _link(ctx, RUN_J, "run J"),
+        ],
+        [
+            "MiniLM, real text lengths (queries and passages), 16 a request (run N)",
+            f"{fmt_x(float(n16['vs_ceiling_tokens']))} the model's own tokens/s on the same texts",
+            _link(ctx, RUN_N, "run N"),
+        ],
+        [
+            "ResNet-50, one JPEG a request, 16 x 0.06 (run P)",
+            f"{fmt_rate(mps['items_per_s'])} images/s under MPS mode, "
+            f"{fmt_rate(ts['items_per_s'])} time-sliced",
+            _link(ctx, RUN_P_MPS, "MPS") + ", " + _link(ctx, RUN_P_TS, "time-sliced"),
+        ],
+    ]
 
 
 def r_readme_headline(ctx: Ctx) -> str:
     b = run(ctx, "B_minilm_r8_r12_r16")
     w, ol = next((w, o) for w, o in pairs(b, "minilm", 1) if w["replicas"] == 12)
     assert ol is not None, "run B's 12-replica open-loop row"
-    e, em = run(ctx, "E_resnet_r16"), run(ctx, "E_resnet_r16_mps")
-    ew = e.served("resnet50", 1, "wrk")[0]
-    emw = em.served("resnet50", 1, "wrk")[0]
     s = startup_json(ctx)["summary"]
     kill = load(ctx.results / GPU_FAULT_RUNS[1])["rows"]
     k20 = next(r for r in kill if r["fault"] == "kill20")
     over = next(r for r in kill if r["fault"] == "overload_3x")
-    rows = [
+    rows = _throughput_rows(ctx) + [
         [
-            "MiniLM, one short text per request, 12 x 0.08 of one H200 (run B)",
-            f"{fmt_rate(w['requests_per_s'])} req/s with wrk; p99 {fmt_ms(ol['p99_ms'])} "
-            f"open-loop at {fmt_rate(ol['requests_per_s'])} req/s",
-            ctx.link(f"{TP_DIR}/{b.name}/throughput.json", "run B"),
-        ],
-        [
-            "ResNet-50, one JPEG per request, 16 x 0.06 (run E, one host)",
-            f"{fmt_rate(ew['items_per_s'])} images/s time-sliced, "
-            f"{fmt_rate(emw['items_per_s'])} under an MPS daemon",
-            ctx.link(f"{TP_DIR}/{e.name}/throughput.json", "time-sliced")
-            + ", "
-            + ctx.link(f"{TP_DIR}/{em.name}/throughput.json", "MPS"),
+            "MiniLM, one short text a request, 12 x 0.08, server on 16 cores and clients on "
+            f"{_cores(b.meta['cores']['client'])} of their own (run B)",
+            f"p99 {fmt_ms(ol['p99_ms'])} open-loop at {fmt_rate(ol['requests_per_s'])} req/s "
+            f"({float(ol['offered_per_s']) / float(w['requests_per_s']):.0%} of wrk's "
+            f"{fmt_rate(w['requests_per_s'])})",
+            _link(ctx, b.name, "run B"),
         ],
         [
             "a scale-up: the controller's decision to the new replica serving",
@@ -69,7 +147,8 @@ def r_readme_headline(ctx: Ctx) -> str:
             ctx.link(GPU_FAULT_RUNS[1]),
         ],
     ]
-    return table(["what (H200)", "measured", "evidence"], rows)
+    header = ["what (one H200; server and clients on the same 16 cores unless said)", "measured"]
+    return table([*header, "evidence"], rows)
 
 
 RENDERERS: dict[str, tuple[str, Renderer]] = {
