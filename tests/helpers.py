@@ -73,11 +73,14 @@ class ServeAppRun:
 
 
 def start_serve_app_run(
-    doc: dict[str, Any], tmp_path: Path, drop_env: tuple[str, ...] = ()
+    doc: dict[str, Any],
+    tmp_path: Path,
+    drop_env: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
 ) -> ServeAppRun:
     """Start `python -m serve_app run` with the config ``doc`` on a free HTTP port, free HAProxy
     side ports and a free metrics port (not the pinned default another server may hold), from
-    the repository root, without the test doubles' variables."""
+    the repository root, without the test doubles' variables (and with ``extra_env``)."""
     from serve_app.ops.launch import METRICS_PORT_VAR
     from serve_app.ops.ports import free_port, haproxy_side_ports
 
@@ -88,6 +91,7 @@ def start_serve_app_run(
     env = {k: v for k, v in os.environ.items() if k not in ("SERVE_APP_FAKE_NVML", *drop_env)}
     env.update(haproxy_side_ports())
     env[METRICS_PORT_VAR] = str(free_port())
+    env.update(extra_env or {})
     log = (tmp_path / "run.log").open("w+")
     proc = subprocess.Popen(
         [sys.executable, "-m", "serve_app", "run", str(config)],

@@ -12,7 +12,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from serve_app import env
+from serve_app.config.cores import cores_error
 from serve_app.config.deploy import check_deploy_config, doubles_warning, enforcements
 from serve_app.errors import ConfigError, StartupError
 from serve_app.gpu import mps
@@ -198,30 +199,72 @@ def start_ray(
     return auth
 
 
-def deploy(doc: dict[str, Any]) -> None:
+def deploy(doc: dict[str, Any]) -> list[str]:
     """Deploy a whole Serve config (what ``serve deploy`` does, without the dashboard), and
-    return once Serve's proxies are up.
+    return once Serve's proxies are up, with a note for the user when one had to be replaced.
 
     On a cluster without Serve, this starts Serve's controller as ``serve.start`` does, but
     sends the deploy before it waits for the proxies (Serve's own start waits first): the
     application's build and its replicas then start while the proxies do, which took seconds
-    off every cold start. A proxy that does not come up is a StartupError all the same.
+    off every cold start. A proxy that does not come up is a StartupError; one that dies is
+    not: Serve replaces a proxy that misses three readiness checks of 5 s (as four applications
+    starting on two cores made it), and gives the next one longer.
     """
     import ray
+    from ray.exceptions import RayActorError
     from ray.serve.schema import ServeDeploySchema
 
     proxies = ray_compat.deploy_config(ServeDeploySchema.model_validate(doc))
     if not proxies:
-        return
+        return []
     timeout_s = ray_compat.proxy_start_timeout_s()
     try:
         ray.get(proxies, timeout=timeout_s)
+        return []
+    except RayActorError:
+        pass  # replaced by Serve's controller: wait for its status below
     except Exception as exc:  # noqa: BLE001 - a timeout or the proxy actor's own error
         raise StartupError(
             f"Serve's proxies did not come up within {timeout_s:g} s "
             f"({type(exc).__name__}: {str(exc)[:300]}); see the proxy logs under "
             "/tmp/ray/session_latest/logs/serve/"
         ) from None
+    wait_proxies(ray_compat.proxy_statuses, PROXY_RESTART_WAIT_S)
+    return [
+        "Serve replaced a proxy that missed its readiness checks while the host was busy "
+        "starting; its replacement is up (RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S gives each "
+        "check longer)."
+    ]
+
+
+PROXY_RESTART_WAIT_S = 120.0  # a replaced proxy's checks take 10 s, the next one's 15 s
+
+
+def wait_proxies(
+    read: Callable[[], Mapping[str, str]],
+    timeout_s: float,
+    period_s: float = 0.5,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Until every proxy ``read`` lists (node id to Serve's status) is HEALTHY, or a
+    StartupError naming each one's status after ``timeout_s``."""
+    deadline = clock() + timeout_s
+    statuses: Mapping[str, str] = {}
+    while True:
+        statuses = read()
+        if statuses and all(str(s) == "HEALTHY" for s in statuses.values()):
+            return
+        if clock() >= deadline:
+            break
+        sleep(period_s)
+    said = ", ".join(f"{node[:8]}: {status}" for node, status in statuses.items()) or "none"
+    raise StartupError(
+        f"Serve's proxies were not HEALTHY {timeout_s:g} s after Serve replaced one that "
+        f"missed its readiness checks (now {said}); the host may be too busy starting replicas: "
+        "set RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S higher, or start fewer applications at once. "
+        "The proxy logs are under /tmp/ray/session_latest/logs/serve/"
+    )
 
 
 def wait_ready(url: str, timeout_s: float) -> None:
@@ -254,11 +297,11 @@ def run(
     ready_timeout_s: float = 300.0,
     insecure_no_ray_auth: bool = False,
 ) -> Deployment:
-    """Validate, start Ray, deploy and wait. Raises ConfigError / StartupError.
-    ``insecure_no_ray_auth``: Ray without token authentication (ray_auth.INSECURE_FLAG)."""
-    gpus = gpu_count()
-    # Unpinned shares must fit on this host's GPUs (one when serving on the CPU, which drops them).
+    """Validate (this host's GPUs and cores too), start Ray, deploy and wait; ConfigError or
+    StartupError. ``insecure_no_ray_auth``: Ray without token auth (ray_auth.INSECURE_FLAG)."""
+    gpus = gpu_count()  # unpinned shares must fit on them (one on the CPU, which drops them)
     errors = check_deploy_config(doc, gpus=max(gpus, 1))
+    errors.extend(filter(None, [cores_error(doc, ray_compat.node_cpus())]))  # this host's
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
     notes = []
@@ -306,7 +349,7 @@ def run(
 
     # Now, not at the first replica's start: its worker's imports then end before serving does.
     get_registry()
-    deploy(doc)
+    notes.extend(deploy(doc))
     notes.append(
         f"Metrics (Prometheus): http://{DEFAULT_HOST}:{metrics_port()}/metrics "
         f"({METRICS_PORT_VAR} moves it; docs/metrics.md)."

@@ -317,6 +317,23 @@ def deploy_config(config: ServeDeploySchema) -> list[ObjectRef[Any]]:
     return proxies
 
 
+def node_cpus() -> float:
+    """The CPU cores Ray gives a node it starts here (its cgroup's share in a container):
+    ray/_private/utils.py ``get_num_cpus``, what ``ray.init`` uses without ``num_cpus``."""
+    from ray._private.utils import get_num_cpus
+
+    return float(get_num_cpus())
+
+
+def proxy_statuses() -> dict[str, str]:
+    """Serve's proxies by node id, each with its status (``STARTING``, ``HEALTHY``,
+    ``UNHEALTHY``, ...), from the instance details (ray/serve/schema.py: ``ProxyDetails``)."""
+    proxies = serve_details().get("proxies") or {}
+    return {
+        str(node): str(getattr(p["status"], "value", p["status"])) for node, p in proxies.items()
+    }
+
+
 def serve_details() -> dict[str, Any]:
     """Serve's instance details from its controller, as ``serve.status()`` reads them but
     without rebuilding its pydantic models; {} when no controller runs (blocking).

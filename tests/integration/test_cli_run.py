@@ -159,6 +159,30 @@ def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
             pass
 
 
+def test_run_waits_for_the_proxy_serve_puts_in_place_of_one_that_missed_its_checks(
+    tmp_path: Path,
+) -> None:
+    # Readiness checks of 0.5 s: no proxy's worker starts that fast, so Serve replaces the first
+    # (and gives each replacement longer), as it did on a busy two-core host with four apps.
+    run = start_serve_app_run(
+        yaml.safe_load((ROOT / "configs" / "default.yaml").read_text()),
+        tmp_path,
+        extra_env={"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "0.5"},
+    )
+    try:
+        deadline = time.monotonic() + 240.0
+        while f"serving at {run.url}" not in Path(run.log.name).read_text():
+            assert time.monotonic() < deadline and run.proc.poll() is None, "never served"
+            time.sleep(0.5)
+        resp = httpx.post(f"{run.url}/v1/embeddings", json={"input": "hello"}, timeout=30.0)
+        assert resp.status_code == 200, resp.text
+        run.proc.send_signal(signal.SIGINT)
+        assert run.proc.wait(timeout=60) == 0
+    finally:
+        output = run.stop()
+    assert "missed its readiness checks" in output and "replacement is up" in output, output[-3000:]
+
+
 def test_check_reports_field_paths(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(

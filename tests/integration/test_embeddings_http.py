@@ -272,3 +272,10 @@ def test_replicas_run_user_code_on_serves_own_loop(emb: str) -> None:
             )
         )
     assert codes == [200] * 40
+
+
+def test_proxy_statuses_reads_serves_own(emb: str) -> None:
+    from serve_app.startup import ray_compat
+
+    statuses = ray_compat.proxy_statuses()
+    assert statuses and set(statuses.values()) == {"HEALTHY"}, statuses

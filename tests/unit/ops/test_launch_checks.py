@@ -38,10 +38,26 @@ def no_cluster(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         os.environ.pop(var, None)
     monkeypatch.setattr(launch, "gpu_count", lambda: 0)
     monkeypatch.setattr(launch, "start_ray", lambda *a, **k: reached.append("start_ray"))
-    monkeypatch.setattr(launch, "deploy", lambda doc: reached.append("deploy"))
+    monkeypatch.setattr(launch, "deploy", lambda doc: reached.append("deploy") or [])
+    monkeypatch.setattr(launch.ray_compat, "node_cpus", lambda: 2.0)
     monkeypatch.setattr(launch, "wait_ready", lambda url, timeout_s: reached.append("ready"))
     yield reached
     haproxy.release_private_files()
+
+
+def test_replicas_this_host_cannot_hold_stop_run_before_ray(
+    no_cluster: list[str], doc: dict[str, Any]
+) -> None:
+    dep = doc["applications"][0]["deployments"][0]
+    dep["num_replicas"] = 3  # one core each, on a host of two
+    with pytest.raises(ConfigError) as info:
+        launch.run(doc)
+    assert "embeddings/model 3 x 1" in info.value.message
+    assert "this host gives Ray 2" in info.value.message
+    assert no_cluster == []
+    dep["ray_actor_options"]["num_cpus"] = 0.5  # what the error says to do
+    launch.run(doc)
+    assert no_cluster == ["start_ray", "deploy", "ready"]
 
 
 def test_an_empty_key_file_stops_run_before_ray(
