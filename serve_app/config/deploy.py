@@ -216,15 +216,42 @@ def enforcements(doc: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def load_deploy_config(path: str | Path) -> dict[str, Any]:
-    """Read a YAML deploy config; raise ConfigError if it is not valid YAML."""
+def load_deploy_config(path: str | Path, rayservice: bool = False) -> dict[str, Any]:
+    """Read a YAML deploy config; raise ConfigError if it is not valid YAML. ``rayservice``:
+    a KubeRay RayService manifest (several documents allowed) gives its ``serveConfigV2``."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}; pass a path such as configs/default.yaml")
     try:
-        doc = yaml.safe_load(p.read_text())
+        docs = list(yaml.safe_load_all(p.read_text()))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    services = [d for d in docs if isinstance(d, dict) and d.get("kind") == "RayService"]
+    if rayservice and services:
+        return embedded_serve_config(p, services)
+    if len(docs) != 1:
+        raise ConfigError(
+            f"{p}: {len(docs)} YAML documents; a Serve config is one"
+            + ("" if rayservice else " (serve-app check reads a RayService manifest's)")
+        )
+    doc = docs[0]
     if not isinstance(doc, dict):
         raise ConfigError(f"{p}: expected a mapping with 'applications', got {type(doc).__name__}")
+    return doc
+
+
+def embedded_serve_config(path: Path, services: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Serve config a KubeRay RayService manifest embeds (``spec.serveConfigV2``, a YAML
+    string); ConfigError naming the field when there is not exactly one."""
+    if len(services) != 1:
+        raise ConfigError(f"{path}: {len(services)} RayService documents; check them one by one")
+    embedded = (services[0].get("spec") or {}).get("serveConfigV2")
+    if not isinstance(embedded, str):
+        raise ConfigError(f"{path}: the RayService has no spec.serveConfigV2 (a YAML string)")
+    try:
+        doc = yaml.safe_load(embedded)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: spec.serveConfigV2 is not valid YAML: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: spec.serveConfigV2 must be a mapping with 'applications'")
     return doc

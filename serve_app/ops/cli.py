@@ -36,7 +36,7 @@ def cmd_check(
     from serve_app.plan import derive
 
     try:
-        doc = load_deploy_config(path)
+        doc = load_deploy_config(path, rayservice=True)
         if gpu_memory:
             facts = derive.facts_from_flags(gpu_memory)
         elif derive.has_budgets(doc):
@@ -249,7 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     node.add_argument(INSECURE_FLAG, action="store_true", help=INSECURE_HELP)
     node.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     node.add_argument("ray_args", nargs=argparse.REMAINDER)
-    check = sub.add_parser("check", help="validate CONFIG and print every error")
+    check = sub.add_parser(
+        "check",
+        help="validate CONFIG (or a KubeRay RayService's serveConfigV2); print every error",
+    )
     check.add_argument("config")
     check.add_argument(
         "--gpus", type=int, default=1, help="GPUs the unpinned GPU shares may spread over"

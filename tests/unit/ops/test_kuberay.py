@@ -9,10 +9,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from serve_app.config.deploy import check_deploy_config
+from serve_app.config.deploy import check_deploy_config, load_deploy_config
+from serve_app.errors import ConfigError
 from serve_app.ops import cluster_env
+from serve_app.ops.cli import cmd_check
 
 ROOT = Path(__file__).resolve().parents[3]
 MANIFEST = ROOT / "deploy" / "kuberay" / "rayservice.yaml"
@@ -49,6 +52,35 @@ def containers() -> list[dict[str, Any]]:
 
 def test_embedded_serve_config_passes_check() -> None:
     assert check_deploy_config(serve_config()) == []
+
+
+def test_serve_app_check_reads_the_manifests_serve_config(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert load_deploy_config(MANIFEST, rayservice=True) == serve_config()
+    assert cmd_check(str(MANIFEST)) == 0
+    assert capsys.readouterr().out.strip() == f"{MANIFEST}: OK"
+
+
+def test_a_bad_embedded_config_is_told_with_its_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    docs = list(yaml.safe_load_all(MANIFEST.read_text()))
+    service = next(d for d in docs if d["kind"] == "RayService")
+    embedded = yaml.safe_load(service["spec"]["serveConfigV2"])
+    embedded["applications"][0]["args"]["max_batch_size"] = 0
+    service["spec"]["serveConfigV2"] = yaml.safe_dump(embedded)
+    bad = tmp_path / "rayservice.yaml"
+    bad.write_text(yaml.safe_dump_all(docs))
+    assert cmd_check(str(bad)) == 2
+    assert "applications[0].args.max_batch_size" in capsys.readouterr().err
+    del service["spec"]["serveConfigV2"]
+    bad.write_text(yaml.safe_dump_all(docs))
+    with pytest.raises(ConfigError, match="no spec.serveConfigV2"):
+        load_deploy_config(bad, rayservice=True)
+    # serve-app run reads Serve configs only, and says where a manifest is read
+    with pytest.raises(ConfigError, match="2 YAML documents.*serve-app check reads"):
+        load_deploy_config(bad)
 
 
 def test_embedded_applications_are_gpu_shared_yaml() -> None:
