@@ -45,9 +45,14 @@ HAPROXY_RETRY_ON = "conn-failure empty-response response-timeout"
 # Ray), so larger bodies, most images, are never replayed. Ray has no setting for the option:
 # it rides on the retry-on value (ray_compat.haproxy_retry_on_with_lines).
 HAPROXY_BUFFER_REQUEST_OPTION = "option http-buffer-request"
+# A client that sends its headers (or, with the option above, its first buffer of body) slowly
+# holds one of HAProxy's connections (maxconn, 4096 in Ray) for `timeout client`: an hour in
+# Ray. Past this HAProxy answers 408 and closes it. 10 s is the HAProxy manual's own example;
+# idle keep-alive connections keep their own timeout (http_options.keep_alive_timeout_s).
+HAPROXY_HTTP_REQUEST_TIMEOUT = "timeout http-request 10s"
 HAPROXY_RETRY_DEFAULTS = {
     ray_compat.HAPROXY_RETRY_ON_VAR: ray_compat.haproxy_retry_on_with_lines(
-        HAPROXY_RETRY_ON, HAPROXY_BUFFER_REQUEST_OPTION
+        HAPROXY_RETRY_ON, HAPROXY_BUFFER_REQUEST_OPTION, HAPROXY_HTTP_REQUEST_TIMEOUT
     ),
     "RAY_SERVE_HAPROXY_RETRIES": "1",
 }

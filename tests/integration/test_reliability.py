@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -148,6 +151,7 @@ def test_haproxy_is_configured_to_retry_a_dead_replicas_requests(rel: str) -> No
     lines = [line.strip() for line in defaults.splitlines()]
     assert "retry-on conn-failure empty-response response-timeout" in lines, defaults
     assert "option http-buffer-request" in lines, defaults
+    assert "timeout http-request 10s" in lines, defaults
     assert f"retries {HAPROXY_RETRY_DEFAULTS['RAY_SERVE_HAPROXY_RETRIES']}" in lines, defaults
     assert "option redispatch 1" in lines, defaults
     # The cluster's apps keep the default request_timeout_s (30 s): 5 s more for HAProxy.
@@ -155,6 +159,33 @@ def test_haproxy_is_configured_to_retry_a_dead_replicas_requests(rel: str) -> No
     # A hung replica leaves rotation on HAProxy's own check, every 2 s (Ray's default: 5 s).
     backend = cfg[cfg.index("\nbackend http-rel") :]
     assert "inter 2s" in backend.split("default-server", 1)[1].splitlines()[0], backend[:800]
+
+
+def _held_for_s(port: int, partial: bytes) -> tuple[float, bytes]:
+    """Send ``partial`` (a request that never completes) and wait: how long HAProxy kept the
+    connection, and what it answered."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60.0) as sock:
+        started = time.monotonic()
+        sock.sendall(partial)
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+        return time.monotonic() - started, answer
+
+
+def test_haproxy_answers_408_to_a_request_that_trickles_in(rel: str) -> None:
+    port = urlsplit(rel).port
+    assert port is not None
+    slow_headers = b"POST /rel/v1/embeddings HTTP/1.1\r\nHost: x\r\n"
+    slow_body = (
+        b"POST /rel/v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n" + b'{"input": "'
+    )
+    with ThreadPoolExecutor(2) as pool:
+        held = list(pool.map(lambda partial: _held_for_s(port, partial), [slow_headers, slow_body]))
+    for seconds, answer in held:
+        # `timeout http-request 10s` (ops/cluster_env.py), not `timeout client`'s hour
+        assert 9.0 <= seconds <= 20.0 and answer.startswith(b"HTTP/1.1 408"), (seconds, answer)
 
 
 def test_sigkill_of_a_replica_under_load_loses_no_request(rel: str) -> None:

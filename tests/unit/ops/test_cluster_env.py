@@ -34,7 +34,11 @@ def test_reliability_env_names_every_setting() -> None:
     assert "response-timeout" in env["RAY_SERVE_HAPROXY_RETRY_ON"]
 
 
-def test_http_buffer_request_rides_on_the_retry_on_value_as_a_line_of_its_own() -> None:
+def test_http_buffer_request_and_the_request_timeout_ride_on_the_retry_on_value() -> None:
     value = cluster_env.HAPROXY_RETRY_DEFAULTS["RAY_SERVE_HAPROXY_RETRY_ON"]
-    assert value == "conn-failure empty-response response-timeout\n    option http-buffer-request"
+    assert value.split("\n    ") == [
+        "conn-failure empty-response response-timeout",
+        "option http-buffer-request",
+        "timeout http-request 10s",
+    ]
     assert cluster_env.cluster_env()["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
