@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from benchmarks.tables.ab import RUN_Q
 from benchmarks.tables.common import (
     BLOCK,
     Ctx,
@@ -19,6 +20,7 @@ from benchmarks.tables.throughput import RUN_O, RUN_P_MPS, RUN_P_TS, TP_DIR, Run
 
 RUN_J = "J_minilm_r12_peers_16cores_shared"  # the last run with LitServe's rows
 RUN_N = "N_minilm_r12_mixed_16cores_shared_109778c"  # real text lengths
+RUN_Q_HEADS = ("1_head", "4_head")  # run Q's runs of run O's code (33838cf)
 
 
 def _wrk(r: Run, setup: str, ipr: int) -> Row:
@@ -60,6 +62,17 @@ def _link(ctx: Ctx, name: str, text: str) -> str:
     return ctx.link(f"{TP_DIR}/{name}/throughput.json", text)
 
 
+def _q_head_texts(ctx: Ctx) -> list[float]:
+    """Texts/s with wrk in run Q's two runs of run O's code, on run O's lease (an A/B)."""
+    rates = []
+    for folder in RUN_Q_HEADS:
+        rows = load(ctx.results / RUN_Q / folder / "throughput.json")
+        row = next(r for r in rows if r.get("setup") == "serve_app" and r["client"] == "wrk")
+        assert row["inputs_per_request"] == 16, row
+        rates.append(float(row["items_per_s"]))
+    return rates
+
+
 def _throughput_rows(ctx: Ctx) -> list[list[str]]:
     o, j, n = run(ctx, RUN_O), run(ctx, RUN_J), run(ctx, RUN_N)
     o16, o1 = _wrk(o, "serve_app", 16), _wrk(o, "serve_app", 1)
@@ -73,8 +86,10 @@ def _throughput_rows(ctx: Ctx) -> list[list[str]]:
     return [
         [
             "MiniLM, 16 short texts a request, 12 x 0.08 (run O)",
-            f"{fmt_rate(o16['items_per_s'])} texts/s with wrk; {_served(o, 16)}",
-            _link(ctx, RUN_O, "run O"),
+            f"{fmt_rate(o16['items_per_s'])} texts/s with wrk; {_served(o, 16)}. On the same "
+            f"lease, two more runs of that code carried "
+            f"{' and '.join(fmt_rate(x) for x in _q_head_texts(ctx))} (run Q)",
+            _link(ctx, RUN_O, "run O") + ", " + ctx.link(f"{RUN_Q}/", "run Q"),
         ],
         [
             "MiniLM, one short text a request, the same run",
