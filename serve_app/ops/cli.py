@@ -78,7 +78,11 @@ def cmd_run(path: str, haproxy: bool, ready_timeout_s: float, insecure: bool = F
         for note in budget_notes:
             print(note, flush=True)
         started = launch.run(
-            doc, haproxy=haproxy, ready_timeout_s=ready_timeout_s, insecure_no_ray_auth=insecure
+            doc,
+            haproxy=haproxy,
+            ready_timeout_s=ready_timeout_s,
+            insecure_no_ray_auth=insecure,
+            say=lambda line: print(line, flush=True),  # the device, before Ray's start-up logs
         )
     except (ServeAppError, KeyboardInterrupt) as exc:
         if isinstance(exc, ServeAppError):

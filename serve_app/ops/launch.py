@@ -42,6 +42,7 @@ from serve_app.ops.haproxy import (
     use_private_files,
 )
 from serve_app.ops.ports import DEFAULT_HOST, port_is_free
+from serve_app.ops.proxies import PROXY_RESTART_WAIT_S, wait_proxies
 from serve_app.startup import ray_compat, warmpool
 
 __all__ = [
@@ -237,36 +238,6 @@ def deploy(doc: dict[str, Any]) -> list[str]:
     ]
 
 
-PROXY_RESTART_WAIT_S = 120.0  # a replaced proxy's checks take 10 s, the next one's 15 s
-
-
-def wait_proxies(
-    read: Callable[[], Mapping[str, str]],
-    timeout_s: float,
-    period_s: float = 0.5,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> None:
-    """Until every proxy ``read`` lists (node id to Serve's status) is HEALTHY, or a
-    StartupError naming each one's status after ``timeout_s``."""
-    deadline = clock() + timeout_s
-    statuses: Mapping[str, str] = {}
-    while True:
-        statuses = read()
-        if statuses and all(str(s) == "HEALTHY" for s in statuses.values()):
-            return
-        if clock() >= deadline:
-            break
-        sleep(period_s)
-    said = ", ".join(f"{node[:8]}: {status}" for node, status in statuses.items()) or "none"
-    raise StartupError(
-        f"Serve's proxies were not HEALTHY {timeout_s:g} s after Serve replaced one that "
-        f"missed its readiness checks (now {said}); the host may be too busy starting replicas: "
-        "set RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S higher, or start fewer applications at once. "
-        "The proxy logs are under /tmp/ray/session_latest/logs/serve/"
-    )
-
-
 def wait_ready(url: str, timeout_s: float) -> None:
     """Poll ``/readyz?verbose=1`` until every deployment runs its target replicas (ready, and
     none degraded: a start-up waits for the whole deployment, while the probe itself is 200
@@ -296,21 +267,25 @@ def run(
     haproxy: bool = True,
     ready_timeout_s: float = 300.0,
     insecure_no_ray_auth: bool = False,
+    say: Callable[[str], None] | None = None,
 ) -> Deployment:
     """Validate (this host's GPUs and cores too), start Ray, deploy and wait; ConfigError or
-    StartupError. ``insecure_no_ray_auth``: Ray without token auth (ray_auth.INSECURE_FLAG)."""
+    StartupError. ``insecure_no_ray_auth``: Ray without token auth (ray_auth.INSECURE_FLAG).
+    ``say``: where the device used is said at once, before Ray's start-up logs (else a note)."""
     gpus = gpu_count()  # unpinned shares must fit on them (one on the CPU, which drops them)
     errors = check_deploy_config(doc, gpus=max(gpus, 1))
     errors.extend(filter(None, [cores_error(doc, ray_compat.node_cpus())]))  # this host's
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
-    notes = []
     if gpus == 0:
         doc, fallback = cpu_fallback(doc)
-        notes.append("No CUDA GPU found: serving on the CPU.")
-        notes.extend(fallback)
+        notes = ["No CUDA GPU found: serving on the CPU.", *fallback]
     else:
-        notes.append(f"Serving on {gpus} GPU(s).")
+        notes = [f"Serving on {gpus} GPU(s)."]
+    if say is not None:  # said now, so not again at the end
+        for line in notes:
+            say(line)
+        notes = []
     host, port = http_address(doc)
     doc.setdefault("http_options", {}).update({"host": host, "port": port})
     # Read here too: a key variable that yields no key, or a bad file, fails before Ray starts.

@@ -139,6 +139,8 @@ def test_run_serves_and_stops_on_sigint(tmp_path: Path) -> None:
     finally:
         output = run.stop()
     assert "No CUDA GPU found: serving on the CPU." in output, output[-3000:]
+    # said first, not after a minute of Ray's start-up logs
+    assert output.index("No CUDA GPU found") < output.index("Started a local Ray instance")
     assert "Ray: token authentication on (RAY_AUTH_MODE=token)" in output
     assert "the RAY_AUTH_TOKEN variable" in output
     # The replica's gRPC port is said, as behind the token, and no warning is printed for it.

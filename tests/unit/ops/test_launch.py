@@ -108,38 +108,3 @@ def test_start_ray_passes_rays_system_config_and_leaves_haproxy_off_when_asked(
     assert "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
     launch.start_ray(num_gpus=0, haproxy=False, system_config={})
     assert seen["_system_config"] is None
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.now_s = 0.0
-
-    def __call__(self) -> float:
-        return self.now_s
-
-    def sleep(self, s: float) -> None:
-        self.now_s += s
-
-
-def test_wait_proxies_returns_once_every_proxy_is_healthy() -> None:
-    reads = iter([{}, {"n1": "STARTING"}, {"n1": "HEALTHY", "n2": "STARTING"}])
-    seen: list[dict[str, str]] = []
-
-    def read() -> dict[str, str]:
-        seen.append(next(reads, {"n1": "HEALTHY", "n2": "HEALTHY"}))
-        return seen[-1]
-
-    clock = _Clock()
-    launch.wait_proxies(read, 10.0, period_s=0.5, clock=clock, sleep=clock.sleep)
-    assert len(seen) == 4 and clock.now_s == 1.5
-
-
-def test_wait_proxies_names_each_status_when_it_gives_up() -> None:
-    clock = _Clock()
-    with pytest.raises(launch.StartupError) as info:
-        launch.wait_proxies(
-            lambda: {"0123456789abcdef": "UNHEALTHY"}, 3.0, clock=clock, sleep=clock.sleep
-        )
-    assert "01234567: UNHEALTHY" in info.value.message
-    assert "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S" in info.value.message
-    assert clock.now_s == 3.0
