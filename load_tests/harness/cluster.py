@@ -80,6 +80,9 @@ def start_cluster(
     from ray import serve
 
     serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
+    from serve_app.serving.registry import get_registry
+
+    get_registry()  # as serve-app run does: before any replica, off the first /readyz
     node_id = ray.get_runtime_context().get_node_id()
     target = _deploy(f"http://127.0.0.1:{port}", node_id, APP, replicas, app_args, actor_options)
     launch.wait_ready(target.base, timeout_s)

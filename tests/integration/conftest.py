@@ -119,6 +119,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     from ray import serve
 
     serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
+    from serve_app.serving.registry import get_registry
+
+    # As serve-app run does: started before any replica, so that its worker's start and imports
+    # are not on the first /readyz (which waits up to 5 s for it; CI once timed out there).
+    get_registry()
     _STOP.append(launch.shutdown)
     try:
         yield Cluster(base_url=f"http://127.0.0.1:{port}", nvml_script=script)
