@@ -47,9 +47,14 @@ def cmd_check(
         print(f"error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 2
     doc, notes, errors = derive.derive_shares(doc, facts)
+    errors += check_deploy_config(doc, gpus=gpus)
+    if not errors:  # a user model's class, imported as serve-app run's workers would
+        from serve_app.adapters.custom.loader import check_classes
+
+        class_errors, class_notes = check_classes(doc, os.getcwd())
+        errors, notes = errors + class_errors, notes + class_notes
     for note in notes:
         print(f"note: {note}")
-    errors += check_deploy_config(doc, gpus=gpus)
     for line in errors:
         print(f"error: {line}", file=sys.stderr)
     if errors:

@@ -143,3 +143,38 @@ def instantiate(user: UserClass, options: dict[str, Any]) -> Any:
         except ValueError:
             pass
     return instance
+
+
+def check_classes(doc: dict[str, Any], folder: str) -> tuple[list[str], list[str]]:
+    """``serve-app check``'s look at each user model's class (``args.adapter: module:Class``),
+    imported as ``serve-app run``'s workers import it, with ``folder`` (the working directory)
+    on the path: (errors, notes). A module that is not importable here is a note, not an
+    error, since the host that serves it may have its package; anything else ``load_class``
+    refuses is the error the build would give."""
+    import sys
+
+    from serve_app.config.args import is_import_path
+
+    errors: list[str] = []
+    notes: list[str] = []
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        for i, app in enumerate(doc.get("applications") or []):
+            args = app.get("args") if isinstance(app, dict) else None
+            adapter = args.get("adapter") if isinstance(args, dict) else None
+            if not isinstance(adapter, str) or not is_import_path(adapter):
+                continue
+            try:
+                load_class(adapter)
+            except ConfigError as exc:
+                where = f"applications[{i}].{exc.message}"
+                if "cannot import module" in exc.message:
+                    notes.append(f"{where}; its class was not checked here")
+                else:
+                    errors.append(where)
+    finally:
+        if added:
+            sys.path.remove(folder)
+    return errors, notes

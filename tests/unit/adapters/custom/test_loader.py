@@ -72,3 +72,54 @@ def test_the_application_build_checks_the_class_before_any_replica_starts() -> N
         build_app({"adapter": f"{HERE}:NoPredict"})
     assert "NoPredict lacks predict" in info.value.message
     assert build_app({"adapter": f"{HERE}:Doubler"}) is not None
+
+
+def test_serve_app_check_loads_each_user_class_from_the_working_folder(
+    tmp_path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    import yaml
+
+    from serve_app.adapters.custom.loader import check_classes
+    from serve_app.ops.cli import cmd_check
+
+    (tmp_path / "mymodels.py").write_text(
+        "class Good:\n    def setup(self, device): pass\n"
+        "    def predict(self, batch): return batch\n"
+        "class NoPredict:\n    def setup(self, device): pass\n"
+    )
+
+    def config(*adapters: str) -> dict:
+        apps = [
+            {
+                "name": f"a{i}",
+                "import_path": "serve_app.app:build_app",
+                "route_prefix": f"/a{i}",
+                "args": {"adapter": a},
+            }
+            for i, a in enumerate(adapters)
+        ]
+        return {"applications": apps}
+
+    doc = config(
+        "mymodels:Good", "mymodels:Typo", "mymodels:NoPredict", "elsewhere.pkg:M", "embeddings"
+    )
+    errors, notes = check_classes(doc, str(tmp_path))
+    assert [e.split(":", 1)[0] for e in errors] == [
+        "applications[1].args.adapter",
+        "applications[2].args.adapter",
+    ]
+    assert "has no attribute 'Typo'" in errors[0] and "lacks predict" in errors[1]
+    assert len(notes) == 1 and notes[0].startswith("applications[3].args.adapter: cannot import")
+    assert str(tmp_path) not in sys.path  # the folder is put back as it was
+    sys.modules.pop("mymodels", None)
+    # the command: run from that folder, a typo fails it and a good class passes
+    monkeypatch.chdir(tmp_path)
+    for adapters, code in ((["mymodels:Typo"], 2), (["mymodels:Good", "elsewhere.pkg:M"], 0)):
+        path = tmp_path / "config.yaml"
+        path.write_text(yaml.safe_dump(config(*adapters)))
+        assert cmd_check(str(path)) == code
+    out = capsys.readouterr()
+    assert "has no attribute 'Typo'" in out.err and "its class was not checked here" in out.out
+    sys.modules.pop("mymodels", None)
