@@ -324,13 +324,18 @@ def current(
 # start-up benchmark poll /readyz every 0.1 s), so it must not read up to a second late.
 READYZ_MAX_AGE_S = 1.0
 NOT_READY_MAX_AGE_S = 0.1
+# Past its age, a ready answer is still given, up to this old, while one call refreshes it: a
+# probe then never waits on a slow controller (Kubernetes gives a probe 1 s by default). A
+# not-ready answer is never given stale: start-up waits to leave it.
+STALE_READY_S = 10.0
 
 
 class CachedReadiness:
     """``fetch`` (``current`` by default, blocking: run in a thread) at most once per
     ``max_age_s``, with one call in flight: callers that arrive meanwhile await the same call.
     Each answer is kept ``max_age_s`` from when it arrived (``not_ready_max_age_s`` when it
-    says not ready)."""
+    says not ready); a ready one is then given while the next call runs, up to
+    ``STALE_READY_S`` old."""
 
     def __init__(
         self,
@@ -351,15 +356,23 @@ class CachedReadiness:
     async def get(self) -> Readiness:
         value = self._value
         if value is not None:
-            max_age_s = self.max_age_s if value.ready else self.not_ready_max_age_s
-            if self.clock() - self._at_s < max_age_s:
+            age_s = self.clock() - self._at_s
+            if age_s < (self.max_age_s if value.ready else self.not_ready_max_age_s):
                 return value
+            if value.ready and age_s < STALE_READY_S:
+                self._refresh()
+                return value
+        pending = self._refresh()
+        # shield: a caller that goes (a probe's timeout) does not cancel the others' call
+        return await asyncio.shield(pending)
+
+    def _refresh(self) -> asyncio.Future[Readiness]:
+        """The call in flight, started now if there is none."""
         if self._pending is None:
             self.calls += 1
             self._pending = asyncio.ensure_future(asyncio.to_thread(self.fetch))
             self._pending.add_done_callback(self._store)
-        # shield: a caller that goes (a probe's timeout) does not cancel the others' call
-        return await asyncio.shield(self._pending)
+        return self._pending
 
     def _store(self, done: asyncio.Future[Readiness]) -> None:
         self._pending = None

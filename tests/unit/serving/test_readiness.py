@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from serve_app.serving.readiness import (
+    NOT_READY_MAX_AGE_S,
+    STALE_READY_S,
     CachedReadiness,
     Readiness,
     SettledApps,
@@ -352,9 +355,73 @@ async def test_readyz_burst_makes_one_controller_call_a_second() -> None:
     now[0] += 0.9  # within the second: the kept answer
     await asyncio.gather(*(cached.get() for _ in range(200)))
     assert len(calls) == 1
-    now[0] += 0.2  # past it: one more call for the next burst
+    now[0] += 0.2  # past it: one more call for the next burst (the kept answer meanwhile)
     await asyncio.gather(*(cached.get() for _ in range(200)))
+    await wait_for_calls(lambda: len(calls) == 2)
     assert calls == pytest.approx([100.0, 101.1]) and cached.calls == 2
+
+
+async def wait_for_calls(done: Callable[[], bool]) -> None:
+    for _ in range(200):
+        if done():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the refresh never ran")
+
+
+@pytest.mark.anyio
+async def test_a_ready_answer_past_its_age_is_given_while_one_call_refreshes_it() -> None:
+    now = [0.0]
+    gate = threading.Event()
+    answers = iter(
+        [
+            decide(details(app={"model": dep("HEALTHY", 1, "RUNNING")})),
+            decide({}),  # the controller's next answer: not ready
+            decide(details(app={"model": dep("HEALTHY", 1, "RUNNING")})),
+        ]
+    )
+
+    def fetch() -> Readiness:
+        if cached.calls > 1:
+            gate.wait(5)  # a slow controller, from the second call on
+        return next(answers)
+
+    cached = CachedReadiness(fetch, clock=lambda: now[0])
+    assert (await cached.get()).ready and cached.calls == 1
+    now[0] = 5.0  # stale, under STALE_READY_S: answered at once, a refresh starts behind it
+    assert (await asyncio.wait_for(cached.get(), 1.0)).ready and cached.calls == 2
+    assert (await asyncio.wait_for(cached.get(), 1.0)).ready and cached.calls == 2  # one call
+    gate.set()
+    await wait_for_calls(lambda: cached._pending is None)
+    assert not (await cached.get()).ready  # the refreshed answer, and never given stale
+    now[0] = 5.0 + NOT_READY_MAX_AGE_S + 1.0
+    gate.clear()
+    late = asyncio.ensure_future(cached.get())  # not ready is not given stale: it waits
+    await asyncio.sleep(0.05)
+    assert not late.done()
+    gate.set()
+    assert (await late).ready and cached.calls == 3
+
+
+@pytest.mark.anyio
+async def test_a_ready_answer_too_old_waits_for_the_call() -> None:
+    now = [0.0]
+    gate = threading.Event()
+    answers = iter([decide(details(app={"model": dep("HEALTHY", 1, "RUNNING")})), decide({})])
+
+    def fetch() -> Readiness:
+        if cached.calls > 1:
+            gate.wait(5)
+        return next(answers)
+
+    cached = CachedReadiness(fetch, clock=lambda: now[0])
+    assert (await cached.get()).ready
+    now[0] = STALE_READY_S + 1.0  # a controller silent this long is not vouched for
+    late = asyncio.ensure_future(cached.get())
+    await asyncio.sleep(0.05)
+    assert not late.done()
+    gate.set()
+    assert not (await late).ready
 
 
 @pytest.mark.anyio
