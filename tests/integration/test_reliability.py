@@ -181,8 +181,9 @@ def test_haproxy_answers_408_to_a_request_that_trickles_in(rel: str) -> None:
         b"POST /rel/v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"Content-Length: 100\r\n\r\n" + b'{"input": "'
     )
-    with ThreadPoolExecutor(2) as pool:
-        held = list(pool.map(lambda partial: _held_for_s(port, partial), [slow_headers, slow_body]))
+    idle = b""  # a connection that never sends its first request (a pre-connect)
+    with ThreadPoolExecutor(3) as pool:
+        held = list(pool.map(lambda p: _held_for_s(port, p), [slow_headers, slow_body, idle]))
     for seconds, answer in held:
         # `timeout http-request 10s` (ops/cluster_env.py), not `timeout client`'s hour
         assert 9.0 <= seconds <= 20.0 and answer.startswith(b"HTTP/1.1 408"), (seconds, answer)
