@@ -34,6 +34,10 @@ IMPORTABLE = (
 )
 
 
+class NotImportable(ConfigError):
+    """The user model's module (or a module it imports) is not found on this host's path."""
+
+
 @dataclass(frozen=True)
 class UserClass:
     """A user model's class, checked.
@@ -60,14 +64,15 @@ def load_class(path: str) -> UserClass:
     """Import ``module:Class`` and check it has ``REQUIRED``'s methods.
 
     Raises:
-        ConfigError: the module does not import, the class is missing or is no class, or it
-            lacks a required method; the message names ``args.adapter``, the class and the fix.
+        NotImportable: the module (or one it imports) is not found here.
+        ConfigError: the module raises as it imports, the class is missing or is no class, or
+            it lacks a required method; the message names ``args.adapter``, the class and the fix.
     """
     module_name, _, class_name = path.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise ConfigError(
+        raise NotImportable(
             f"args.adapter: cannot import module {module_name!r} of {path!r} ({exc}); {IMPORTABLE}"
         ) from None
     except Exception as exc:  # noqa: BLE001 - any error in the user's module is a config error
@@ -168,12 +173,10 @@ def check_classes(doc: dict[str, Any], folder: str) -> tuple[list[str], list[str
                 continue
             try:
                 load_class(adapter)
+            except NotImportable as exc:
+                notes.append(f"applications[{i}].{exc.message}; its class was not checked here")
             except ConfigError as exc:
-                where = f"applications[{i}].{exc.message}"
-                if "cannot import module" in exc.message:
-                    notes.append(f"{where}; its class was not checked here")
-                else:
-                    errors.append(where)
+                errors.append(f"applications[{i}].{exc.message}")
     finally:
         if added:
             sys.path.remove(folder)
