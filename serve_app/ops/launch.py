@@ -274,7 +274,9 @@ def run(
     ``say``: where the device used is said at once, before Ray's start-up logs (else a note)."""
     gpus = gpu_count()  # unpinned shares must fit on them (one on the CPU, which drops them)
     errors = check_deploy_config(doc, gpus=max(gpus, 1))
-    errors.extend(filter(None, [cores_error(doc, ray_compat.node_cpus())]))  # this host's
+    cores = cores_error(doc, ray_compat.node_cpus())  # this host's cores
+    if cores:
+        errors.append(cores)
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
     if gpus == 0:

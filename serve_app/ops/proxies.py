@@ -28,7 +28,7 @@ def wait_proxies(
     statuses: Mapping[str, str] = {}
     while True:
         statuses = read()
-        if statuses and all(str(s) == "HEALTHY" for s in statuses.values()):
+        if statuses and all(s == "HEALTHY" for s in statuses.values()):
             return
         if clock() >= deadline:
             break
