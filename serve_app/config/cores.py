@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from serve_app.config.walk import deployments
+
 SERVE_DEFAULT_NUM_CPUS = 1.0  # ray/serve/_private/config.py: ReplicaConfig's default
 
 
@@ -43,22 +45,15 @@ def starting_replicas(dep: dict[str, Any]) -> int | None:
 def core_asks(doc: dict[str, Any]) -> list[CoreAsk]:
     """Every deployment whose first roll-out reserves cores."""
     found = []
-    for i, app in enumerate(doc.get("applications") or []):
-        if not isinstance(app, dict):
+    for d in deployments(doc):
+        cpus = d.actor_options.get("num_cpus")
+        if cpus is None:
+            cpus = SERVE_DEFAULT_NUM_CPUS
+        count = starting_replicas(d.dep)
+        if not isinstance(cpus, (int, float)) or isinstance(cpus, bool) or not count:
             continue
-        for dep in app.get("deployments") or []:
-            if not isinstance(dep, dict):
-                continue
-            opts = dep.get("ray_actor_options")
-            cpus = opts.get("num_cpus") if isinstance(opts, dict) else None
-            if cpus is None:
-                cpus = SERVE_DEFAULT_NUM_CPUS
-            count = starting_replicas(dep)
-            if not isinstance(cpus, (int, float)) or isinstance(cpus, bool) or not count:
-                continue
-            if cpus > 0:
-                name = f"{app.get('name', f'app{i}')}/{dep.get('name', '?')}"
-                found.append(CoreAsk(name, count, float(cpus)))
+        if cpus > 0:
+            found.append(CoreAsk(d.name, count, float(cpus)))
     return found
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from serve_app.config.walk import deployments
+
 UNITS = 10_000  # Ray's resource granularity: a GPU share is rounded to 1/10000
 PIN_LABEL = "serve-app/gpu"
 AUTO_MAX_REPLICAS = 100  # num_replicas: auto without max_replicas (Serve's AutoscalingConfig)
@@ -138,30 +140,20 @@ def asks(doc: dict[str, Any]) -> dict[str | None, list[Ask]]:
     """Every deployment that asks for a GPU share, grouped by the GPU it is pinned to (None:
     not pinned)."""
     groups: dict[str | None, list[Ask]] = {}
-    for i, app in enumerate(doc.get("applications") or []):
-        if not isinstance(app, dict):
+    for d in deployments(doc):
+        opts = d.actor_options
+        share = opts.get("num_gpus")
+        if not isinstance(share, (int, float)) or isinstance(share, bool):
             continue
-        for j, dep in enumerate(app.get("deployments") or []):
-            opts = dep.get("ray_actor_options") if isinstance(dep, dict) else None
-            share = opts.get("num_gpus") if isinstance(opts, dict) else None
-            if not isinstance(share, (int, float)) or isinstance(share, bool):
-                continue
-            if not 0 < share <= 1:  # more than one GPU is an error of its own (deploy.py)
-                continue
-            count = most_replicas(dep)
-            if count is None or count[0] <= 0:
-                continue
-            labels = opts.get("label_selector") if isinstance(opts, dict) else None
-            pin = labels.get(PIN_LABEL) if isinstance(labels, dict) else None
-            name = f"{app.get('name', f'app{i}')}/{dep.get('name', '?')}"
-            ask = Ask(
-                f"applications[{i}].deployments[{j}]",
-                name,
-                round(float(share) * UNITS),
-                count[0],
-                count[1],
-            )
-            groups.setdefault(None if pin is None else str(pin), []).append(ask)
+        if not 0 < share <= 1:  # more than one GPU is an error of its own (deploy.py)
+            continue
+        count = most_replicas(d.dep)
+        if count is None or count[0] <= 0:
+            continue
+        labels = opts.get("label_selector")
+        pin = labels.get(PIN_LABEL) if isinstance(labels, dict) else None
+        ask = Ask(d.path, d.name, round(float(share) * UNITS), count[0], count[1])
+        groups.setdefault(None if pin is None else str(pin), []).append(ask)
     return groups
 
 

@@ -22,6 +22,7 @@ import httpx
 from serve_app import env
 from serve_app.config.cores import cores_error
 from serve_app.config.deploy import check_deploy_config, doubles_warning, enforcements
+from serve_app.config.walk import deployments
 from serve_app.errors import ConfigError, StartupError
 from serve_app.gpu import mps
 from serve_app.ops import ray_auth
@@ -130,15 +131,14 @@ def cpu_fallback(doc: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """With no GPU, drop every deployment's GPU request so it runs on the CPU (said, not silent)."""
     doc = copy.deepcopy(doc)
     notes = []
-    for app in doc.get("applications", []):
-        for dep in app.get("deployments") or []:
-            opts = dep.get("ray_actor_options") or {}
-            if opts.get("num_gpus"):
-                notes.append(
-                    f"no GPU: deployment {app.get('name', 'default')}/{dep.get('name')} asks for "
-                    f"num_gpus={opts['num_gpus']}; running it on the CPU instead"
-                )
-                opts["num_gpus"] = 0
+    for d in deployments(doc):
+        opts = d.actor_options
+        if opts.get("num_gpus"):
+            notes.append(
+                f"no GPU: deployment {d.name} asks for "
+                f"num_gpus={opts['num_gpus']}; running it on the CPU instead"
+            )
+            opts["num_gpus"] = 0
     return doc, notes
 
 

@@ -108,3 +108,21 @@ def test_start_ray_passes_rays_system_config_and_leaves_haproxy_off_when_asked(
     assert "RAY_SERVE_ENABLE_HA_PROXY" not in os.environ
     launch.start_ray(num_gpus=0, haproxy=False, system_config={})
     assert seen["_system_config"] is None
+
+
+def test_cpu_fallback_drops_each_gpu_share_says_so_and_leaves_the_input_alone():
+    doc = {
+        "applications": [
+            {
+                "name": "embeddings",
+                "deployments": [{"name": "model", "ray_actor_options": {"num_gpus": 0.25}}],
+            },
+            {"deployments": [{"name": "cpu_only", "ray_actor_options": {"num_cpus": 1}}]},
+        ]
+    }
+    out, notes = launch.cpu_fallback(doc)
+    assert out["applications"][0]["deployments"][0]["ray_actor_options"]["num_gpus"] == 0
+    assert doc["applications"][0]["deployments"][0]["ray_actor_options"]["num_gpus"] == 0.25
+    assert notes == [
+        "no GPU: deployment embeddings/model asks for num_gpus=0.25; running it on the CPU instead"
+    ]
