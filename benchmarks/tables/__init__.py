@@ -4,11 +4,20 @@ function that renders it from ``benchmarks/results/``."""
 
 from __future__ import annotations
 
-from benchmarks.tables import ab, gpu_tests, readme, reliability, stack, startup, throughput
+from benchmarks.tables import (
+    ab,
+    gpu_tests,
+    latest_h200,
+    readme,
+    reliability,
+    stack,
+    startup,
+    throughput,
+)
 from benchmarks.tables.common import BLOCK, INLINE, RESULTS, ROOT, Ctx, Renderer
 
 RENDERERS: dict[str, tuple[str, Renderer]] = {}
-for _module in (throughput, ab, startup, reliability, gpu_tests, readme, stack):
+for _module in (throughput, ab, startup, reliability, gpu_tests, readme, stack, latest_h200):
     assert not set(_module.RENDERERS) & set(RENDERERS), _module.__name__
     RENDERERS.update(_module.RENDERERS)
 

@@ -14,6 +14,7 @@ from benchmarks.tables.common import (
     load,
     table,
 )
+from benchmarks.tables.latest_h200 import FIRST_SECONDS, RUN_R, RUNS_SWEEP
 from benchmarks.tables.reliability import GPU_FAULT_RUNS
 from benchmarks.tables.startup import startup_json
 from benchmarks.tables.throughput import RUN_O, RUN_P_MPS, RUN_P_TS, TP_DIR, Run, pairs, run
@@ -73,31 +74,74 @@ def _q_head_texts(ctx: Ctx) -> list[float]:
     return rates
 
 
+def _open_row(r: Run, setup: str, ipr: int) -> Row:
+    (row,) = [
+        x
+        for x in r.rows
+        if x.get("setup") == setup and x["client"] == "open-loop" and x["inputs_per_request"] == ipr
+    ]
+    return row
+
+
+def _first_seconds(ctx: Ctx) -> list[str]:
+    doc = load(ctx.results / FIRST_SECONDS)
+    ratios = [float(r["verdict"]["p99_ratio"]) for r in doc["rows"]]
+    ok = sum(1 for r in doc["rows"] if r["verdict"]["ok"])
+    return [
+        "the first 10 s after `/readyz` turns 200 (4 x 0.25, wrk with 64 connections)",
+        f"p99 {min(ratios):.2f} to {max(ratios):.2f} times the steady state's; "
+        f"{ok} of {len(ratios)} starts within 2x",
+        ctx.link(FIRST_SECONDS),
+    ]
+
+
 def _throughput_rows(ctx: Ctx) -> list[list[str]]:
-    o, j, n = run(ctx, RUN_O), run(ctx, RUN_J), run(ctx, RUN_N)
-    o16, o1 = _wrk(o, "serve_app", 16), _wrk(o, "serve_app", 1)
-    noop, batch = _wrk(o, "ray_serve_noop", 1), _wrk(o, "ray_serve_batch", 1)
+    r_, j, n = run(ctx, RUN_R), run(ctx, RUN_J), run(ctx, RUN_N)
+    r16, r1 = _wrk(r_, "serve_app", 16), _wrk(r_, "serve_app", 1)
+    noop, batch = _wrk(r_, "ray_serve_noop", 1), _wrk(r_, "ray_serve_batch", 1)
+    ol16, ol1 = _open_row(r_, "serve_app", 16), _open_row(r_, "serve_app", 1)
+    s_, u_ = run(ctx, RUNS_SWEEP[0]), run(ctx, RUNS_SWEEP[1])
+    s1, u1 = _open_row(s_, "serve_app", 1), _open_row(u_, "serve_app", 1)
     cpu = "server_cpu_s_per_1000_requests"
     j1, j16 = _wrk(j, "serve_app", 1), _wrk(j, "serve_app", 16)
     lit1, lit16 = _wrk(j, "litserve", 1), _wrk(j, "litserve", 16)
     n16 = _wrk(n, "serve_app", 16)
     p_ts, p_mps = run(ctx, RUN_P_TS), run(ctx, RUN_P_MPS)
     ts, mps = p_ts.served(ipr=1, client="wrk")[0], p_mps.served(ipr=1, client="wrk")[0]
+    o16 = _wrk(run(ctx, RUN_O), "serve_app", 16)
+    earlier = [fmt_rate(o16["items_per_s"])] + [fmt_rate(x) for x in _q_head_texts(ctx)]
     return [
         [
-            "MiniLM, 16 short texts a request, 12 x 0.08 (run O)",
-            f"{fmt_rate(o16['items_per_s'])} texts/s with wrk; {_served(o, 16)}. On the same "
-            f"lease, two more runs of that code carried "
-            f"{' and '.join(fmt_rate(x) for x in _q_head_texts(ctx))} (run Q)",
-            _link(ctx, RUN_O, "run O") + ", " + ctx.link(f"{RUN_Q}/", "run Q"),
+            "MiniLM, 16 short texts a request, 12 x 0.08 (run R)",
+            f"{fmt_rate(r16['items_per_s'])} texts/s with wrk; {_served(r_, 16)}. On earlier "
+            f"leases: {earlier[0]} (run O), {' and '.join(earlier[1:])} (run Q)",
+            _link(ctx, RUN_R, "run R")
+            + ", "
+            + _link(ctx, RUN_O, "run O")
+            + ", "
+            + ctx.link(f"{RUN_Q}/", "run Q"),
         ],
         [
             "MiniLM, one short text a request, the same run",
-            f"{fmt_rate(o1['requests_per_s'])} req/s: {_ratio(o1, noop)} plain Ray Serve's no-op "
-            f"and {_ratio(o1, batch)} Ray Serve with `@serve.batch`; CPU per request "
-            f"{_ratio(o1, noop, cpu)} the no-op's",
-            _link(ctx, RUN_O, "run O"),
+            f"{fmt_rate(r1['requests_per_s'])} req/s: {_ratio(r1, noop)} plain Ray Serve's no-op "
+            f"and {_ratio(r1, batch)} Ray Serve with `@serve.batch`; CPU per request "
+            f"{_ratio(r1, noop, cpu)} the no-op's",
+            _link(ctx, RUN_R, "run R"),
         ],
+        [
+            "MiniLM, open loop (Poisson arrivals) at 80% of wrk's peak, the same run",
+            f"p99 {fmt_ms(ol16['p99_ms'])} at 16 texts a request "
+            f"({fmt_rate(ol16['items_per_s'])} texts/s); {fmt_ms(ol1['p99_ms'])} at one text "
+            f"({fmt_rate(ol1['requests_per_s'])} req/s), and {fmt_ms(u1['p99_ms'])} at 70% "
+            f"({fmt_rate(u1['requests_per_s'])} req/s, run U), {fmt_ms(s1['p99_ms'])} at 60% "
+            f"({fmt_rate(s1['requests_per_s'])} req/s, run S)",
+            _link(ctx, RUN_R, "run R")
+            + ", "
+            + _link(ctx, RUNS_SWEEP[1], "run U")
+            + ", "
+            + _link(ctx, RUNS_SWEEP[0], "run S"),
+        ],
+        _first_seconds(ctx),
         [
             "MiniLM against LitServe 0.2.19, the same layout and clients (run J)",
             f"{_ratio(j1, lit1)} LitServe's req/s at one text, "
