@@ -16,7 +16,7 @@ from benchmarks.tables.common import (
     load,
     table,
 )
-from benchmarks.tables.throughput import TP_DIR, _run_as_rendered, run
+from benchmarks.tables.throughput import TP_DIR, _run_as_rendered, one_row, run
 
 RUN_R = "R_minilm_r12_16cores_shared_55966c2"
 # The open-loop sweep at one text a request, in the order of the offered fraction.
@@ -30,15 +30,7 @@ FIRST_SECONDS = "first_seconds/h200_55966c2/first_warm_delay.json"
 
 
 def _row(name: str, ctx: Ctx, setup: str, client: str, ipr: int = 1) -> Row:
-    (row,) = [
-        x
-        for x in run(ctx, name).rows
-        if x.get("setup") == setup
-        and x["client"] == client
-        and x.get("inputs_per_request") == ipr
-        and x.get("status") == "ok"
-    ]
-    return row
+    return one_row(run(ctx, name), setup, client, ipr)
 
 
 def r_run_r(ctx: Ctx) -> str:

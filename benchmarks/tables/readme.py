@@ -17,7 +17,16 @@ from benchmarks.tables.common import (
 from benchmarks.tables.latest_h200 import FIRST_SECONDS, RUN_R, RUNS_SWEEP
 from benchmarks.tables.reliability import GPU_FAULT_RUNS
 from benchmarks.tables.startup import startup_json
-from benchmarks.tables.throughput import RUN_O, RUN_P_MPS, RUN_P_TS, TP_DIR, Run, pairs, run
+from benchmarks.tables.throughput import (
+    RUN_O,
+    RUN_P_MPS,
+    RUN_P_TS,
+    TP_DIR,
+    Run,
+    one_row,
+    pairs,
+    run,
+)
 
 RUN_J = "J_minilm_r12_peers_16cores_shared"  # the last run with LitServe's rows
 RUN_N = "N_minilm_r12_mixed_16cores_shared_109778c"  # real text lengths
@@ -25,16 +34,7 @@ RUN_Q_HEADS = ("1_head", "4_head")  # run Q's runs of run O's code (33838cf)
 
 
 def _wrk(r: Run, setup: str, ipr: int) -> Row:
-    """A run's one wrk row of ``setup`` at ``ipr`` inputs a request."""
-    (row,) = [
-        x
-        for x in r.rows
-        if x.get("setup") == setup
-        and x["client"] == "wrk"
-        and x.get("inputs_per_request") == ipr
-        and x.get("status") == "ok"
-    ]
-    return row
+    return one_row(r, setup, "wrk", ipr)
 
 
 def _served(r: Run, ipr: int) -> str:
@@ -74,15 +74,6 @@ def _q_head_texts(ctx: Ctx) -> list[float]:
     return rates
 
 
-def _open_row(r: Run, setup: str, ipr: int) -> Row:
-    (row,) = [
-        x
-        for x in r.rows
-        if x.get("setup") == setup and x["client"] == "open-loop" and x["inputs_per_request"] == ipr
-    ]
-    return row
-
-
 def _first_seconds(ctx: Ctx) -> list[str]:
     doc = load(ctx.results / FIRST_SECONDS)
     ratios = [float(r["verdict"]["p99_ratio"]) for r in doc["rows"]]
@@ -99,9 +90,9 @@ def _throughput_rows(ctx: Ctx) -> list[list[str]]:
     r_, j, n = run(ctx, RUN_R), run(ctx, RUN_J), run(ctx, RUN_N)
     r16, r1 = _wrk(r_, "serve_app", 16), _wrk(r_, "serve_app", 1)
     noop, batch = _wrk(r_, "ray_serve_noop", 1), _wrk(r_, "ray_serve_batch", 1)
-    ol16, ol1 = _open_row(r_, "serve_app", 16), _open_row(r_, "serve_app", 1)
+    ol16, ol1 = one_row(r_, "serve_app", "open-loop", 16), one_row(r_, "serve_app", "open-loop", 1)
     s_, u_ = run(ctx, RUNS_SWEEP[0]), run(ctx, RUNS_SWEEP[1])
-    s1, u1 = _open_row(s_, "serve_app", 1), _open_row(u_, "serve_app", 1)
+    s1, u1 = one_row(s_, "serve_app", "open-loop", 1), one_row(u_, "serve_app", "open-loop", 1)
     cpu = "server_cpu_s_per_1000_requests"
     j1, j16 = _wrk(j, "serve_app", 1), _wrk(j, "serve_app", 16)
     lit1, lit16 = _wrk(j, "litserve", 1), _wrk(j, "litserve", 16)

@@ -76,6 +76,20 @@ def run(ctx: Ctx, name: str) -> Run:
     return Run(name, load(d / "throughput.json"), load(d / "meta.json"))
 
 
+def one_row(r: Run, setup: str, client: str, ipr: int) -> Row:
+    """A run's one row of ``setup`` with ``client`` at ``ipr`` inputs a request that measured
+    (status ok)."""
+    (row,) = [
+        x
+        for x in r.rows
+        if x.get("setup") == setup
+        and x["client"] == client
+        and x.get("inputs_per_request") == ipr
+        and x.get("status") == "ok"
+    ]
+    return row
+
+
 def hand_commits(ctx: Ctx) -> dict[str, str]:
     """The code each run was said to run: ``throughput.json``'s ``commit``, written by hand when
     the runs were merged (the runs' own meta.json files record no commit)."""
