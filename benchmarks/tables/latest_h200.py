@@ -1,6 +1,7 @@
 """The H200 runs of 2026-12-05 at ``55966c2`` (one lease, server and clients on the same 16
 cores): run R (run O's command), the open-loop sweep at one text a request (runs S, U, T, with
-run R's point at 80%) and the first seconds after ``/readyz`` (six starts, ABBA)."""
+run R's point at 80%) and the first seconds after ``/readyz`` (six starts, ABBA); beside them,
+the CPU host's A/B of Ray's per-request HAProxy metrics on and off."""
 
 from __future__ import annotations
 
@@ -118,10 +119,39 @@ def r_first_seconds_ceiling(ctx: Ctx) -> str:
     return f"{fmt_rate(ceil)} requests/s, {ceil / busiest:.1f} times the busiest window"
 
 
+# The CPU host, RAY_SERVE_HAPROXY_METRICS_ENABLED=1 (m1) or 0 (m0), in the order run.
+HAPROXY_METRICS_AB = "profile/haproxy_metrics_cpu_ab_0c36abf"
+HAPROXY_METRICS_RUNS = ("1_m1", "2_m0", "3_m0", "4_m1")
+
+
+def r_haproxy_metrics_ab(ctx: Ctx) -> str:
+    """Ray's Serve control processes' and all server processes' CPU per 1,000 no-op requests
+    (wrk rows), with Ray's HAProxy request metrics on and off."""
+    per: dict[str, list[tuple[float, float]]] = {"m1": [], "m0": []}
+    for name in HAPROXY_METRICS_RUNS:
+        rows = load(ctx.results / HAPROXY_METRICS_AB / name / "throughput.json")
+        (row,) = [x for x in rows if x.get("setup") == "ray_serve_noop" and x["client"] == "wrk"]
+        kinds = row["server_cpu_s_per_1000_requests_by_kind"]
+        per[name[-2:]].append(
+            (float(kinds["ray-serve-control"]), float(row["server_cpu_s_per_1000_requests"]))
+        )
+
+    def span(arm: str, i: int) -> str:
+        lo, hi = sorted(v[i] for v in per[arm])
+        return f"{lo:.3f} and {hi:.3f}"
+
+    return (
+        f"Ray's Serve control processes took {span('m1', 0)} CPU s per 1,000 requests with the "
+        f"metrics on and {span('m0', 0)} with them off; all server processes {span('m1', 1)} "
+        f"on, {span('m0', 1)} off"
+    )
+
+
 RENDERERS: dict[str, tuple[str, Renderer]] = {
     "throughput-run-r": (BLOCK, r_run_r),
     "throughput-run-r-vs-noop": (INLINE, r_run_r_vs_noop),
     "openloop-sweep": (BLOCK, r_openloop_sweep),
     "first-seconds-55966c2": (BLOCK, r_first_seconds),
     "first-seconds-55966c2-ceiling": (INLINE, r_first_seconds_ceiling),
+    "haproxy-metrics-cpu-ab": (INLINE, r_haproxy_metrics_ab),
 }
