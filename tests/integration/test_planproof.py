@@ -19,7 +19,7 @@ def test_cpu_quick_dry_run_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "proof"
     cmd = [sys.executable, "-m", "load_tests.benchmarks.planproof", "--out", str(out), "--quick"]
     # A load long enough for serve-app plan --from-running to read the plan under it.
-    cmd += ["--duration-s", "14", "--warmup-s", "0.5", "--replan-window-s", "9"]
+    cmd += ["--duration-s", "20", "--warmup-s", "0.5", "--replan-window-s", "12"]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=240)
     detail = proc.stdout[-4000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, detail
