@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from serve_app import env
 from serve_app.config.args import IMPORT_PATH, MPS_VARS, AppArgs, validation_messages
 from serve_app.config.shares import share_errors
+from serve_app.config.walk import applications
 from serve_app.errors import ConfigError
 
 _LIMIT_ENTRY = re.compile(r"^(?P<dev>GPU-[0-9a-fA-F-]+|MIG-[^=]+|\d+)=(?P<num>\d+)(?P<unit>[MG])$")
@@ -209,8 +210,8 @@ def _check_mps_deployment(
 def enforcements(doc: dict[str, Any]) -> dict[str, str]:
     """``memory.enforcement`` of each serve_app application in a (checked) deploy config."""
     out: dict[str, str] = {}
-    for i, app in enumerate(doc.get("applications") or []):
-        if isinstance(app, dict) and app.get("import_path") == IMPORT_PATH:
+    for i, app in applications(doc):
+        if app.get("import_path") == IMPORT_PATH:
             args = AppArgs.model_validate(app.get("args") or {})
             out[str(app.get("name", f"applications[{i}]"))] = args.memory.enforcement
     return out

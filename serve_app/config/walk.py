@@ -1,4 +1,5 @@
-"""One walk over a deploy config's deployments, for the checks that read each one.
+"""One walk over a deploy config's applications and deployments, for the checks that read each
+one.
 
 A config may not have been validated yet when these run (``serve-app check`` reports every
 problem at once), so entries that are not mappings are skipped here and reported by
@@ -38,11 +39,16 @@ class Deployment:
         return opts if isinstance(opts, dict) else {}
 
 
+def applications(doc: dict[str, Any]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(index in the file, application) of every application that is a mapping."""
+    for i, app in enumerate(doc.get("applications") or []):
+        if isinstance(app, dict):
+            yield i, app
+
+
 def deployments(doc: dict[str, Any]) -> Iterator[Deployment]:
     """Every deployment of every application, in file order."""
-    for i, app in enumerate(doc.get("applications") or []):
-        if not isinstance(app, dict):
-            continue
+    for i, app in applications(doc):
         for j, dep in enumerate(app.get("deployments") or []):
             if isinstance(dep, dict):
                 yield Deployment(i, j, app, dep)

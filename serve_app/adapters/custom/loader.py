@@ -159,6 +159,7 @@ def check_classes(doc: dict[str, Any], folder: str) -> tuple[list[str], list[str
     import sys
 
     from serve_app.config.args import is_import_path
+    from serve_app.config.walk import applications
 
     errors: list[str] = []
     notes: list[str] = []
@@ -166,8 +167,8 @@ def check_classes(doc: dict[str, Any], folder: str) -> tuple[list[str], list[str
     if added:
         sys.path.insert(0, folder)
     try:
-        for i, app in enumerate(doc.get("applications") or []):
-            args = app.get("args") if isinstance(app, dict) else None
+        for i, app in applications(doc):
+            args = app.get("args")
             adapter = args.get("adapter") if isinstance(args, dict) else None
             if not isinstance(adapter, str) or not is_import_path(adapter):
                 continue

@@ -1,4 +1,4 @@
-from serve_app.config.walk import deployments
+from serve_app.config.walk import applications, deployments
 
 
 def test_walk_names_paths_and_skips_entries_that_are_not_mappings():
@@ -26,3 +26,8 @@ def test_actor_options_edits_reach_the_config():
 def test_a_config_without_applications_has_no_deployments():
     assert list(deployments({})) == []
     assert list(deployments({"applications": None})) == []
+
+
+def test_applications_gives_each_mapping_with_its_index_in_the_file():
+    doc = {"applications": [{"name": "a"}, "not an application", None, {"name": "b"}]}
+    assert [(i, app["name"]) for i, app in applications(doc)] == [(0, "a"), (3, "b")]
