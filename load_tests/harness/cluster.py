@@ -77,12 +77,8 @@ def start_cluster(
         system_config=warmpool.system_config([app_args.adapter], app_args.warm_workers),
     )
     import ray
-    from ray import serve
 
-    serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
-    from serve_app.serving.registry import get_registry
-
-    get_registry()  # as serve-app run does: before any replica, off the first /readyz
+    launch.start_serve(port)  # and the registry first, as serve-app run starts it
     node_id = ray.get_runtime_context().get_node_id()
     target = _deploy(f"http://127.0.0.1:{port}", node_id, APP, replicas, app_args, actor_options)
     launch.wait_ready(target.base, timeout_s)

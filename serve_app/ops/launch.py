@@ -62,6 +62,8 @@ __all__ = [
     "shutdown",
     "start_mps_if_needed",
     "start_ray",
+    "start_registry",
+    "start_serve",
     "wait_ready",
 ]
 
@@ -238,6 +240,23 @@ def deploy(doc: dict[str, Any]) -> list[str]:
     ]
 
 
+def start_registry() -> None:
+    """Serve_app's registry actor, before any replica: its worker's start and imports then end
+    before serving does, not on a replica's first ``/readyz`` (which waits up to 5 s for it)."""
+    from serve_app.serving.registry import get_registry
+
+    get_registry()
+
+
+def start_serve(port: int) -> None:
+    """Serve on 127.0.0.1:``port``, its proxy on the head node, then the registry, for callers
+    that deploy by Ray Serve's API rather than by ``deploy`` (the test and benchmark clusters)."""
+    from ray import serve
+
+    serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
+    start_registry()
+
+
 def wait_ready(url: str, timeout_s: float) -> None:
     """Poll ``/readyz?verbose=1`` until every deployment runs its target replicas (ready, and
     none degraded: a start-up waits for the whole deployment, while the probe itself is 200
@@ -322,10 +341,7 @@ def run(
         system_config=warmpool.system_config(*warmpool.app_settings(doc)),
         auth=auth,
     )
-    from serve_app.serving.registry import get_registry
-
-    # Now, not at the first replica's start: its worker's imports then end before serving does.
-    get_registry()
+    start_registry()
     notes.extend(deploy(doc))
     notes.append(
         f"Metrics (Prometheus): http://{DEFAULT_HOST}:{metrics_port()}/metrics "

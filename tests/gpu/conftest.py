@@ -54,7 +54,6 @@ def results_dir() -> Path:
 def gpu_base_url() -> Iterator[str]:
     """Start Ray (all visible GPUs, 16 logical CPUs, HAProxy) and Serve; shut both down after."""
     import torch
-    from ray import serve
 
     from serve_app.gpu import nvml
     from serve_app.ops import launch
@@ -71,7 +70,7 @@ def gpu_base_url() -> Iterator[str]:
     print(f"[gpu conftest] starting Ray with {gpus} GPU(s), {RAY_CPUS} CPUs, port {port}")
     launch.start_ray(num_gpus=gpus, haproxy=True, num_cpus=RAY_CPUS)
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
+        launch.start_serve(port)  # and the registry first, as serve-app run starts it
         print(f"[gpu conftest] Ray + Serve up in {time.monotonic() - t0:.1f} s")
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -116,14 +116,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         num_cpus=LOGICAL_CPUS,
         system_config=warmpool.system_config(["embeddings", "image-classification"], 2),
     )
-    from ray import serve
-
-    serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
-    from serve_app.serving.registry import get_registry
-
-    # As serve-app run does: started before any replica, so that its worker's start and imports
-    # are not on the first /readyz (which waits up to 5 s for it; CI once timed out there).
-    get_registry()
+    launch.start_serve(port)  # and the registry first, as serve-app run starts it
     _STOP.append(launch.shutdown)
     try:
         yield Cluster(base_url=f"http://127.0.0.1:{port}", nvml_script=script)
